@@ -1,0 +1,43 @@
+# Two entry points on a fresh machine: `make demo` (the main job on synthetic data) and `make test`.
+# Both create .venv and install what they need; nothing installed by hand is assumed.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+DEMO_ROOT     ?= data/synthetic
+DEMO_PATIENTS ?= 10
+DEMO_PROFILE  ?= ci
+DEMO_SEED     ?= 0
+
+.PHONY: demo test lint format bench-data clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/case-env synth --out $(DEMO_ROOT) --patients $(DEMO_PATIENTS) --profile $(DEMO_PROFILE) --seed $(DEMO_SEED)
+	$(BIN)/case-env data check $(DEMO_ROOT)
+
+test: $(STAMP) lint
+	$(BIN)/python -m pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: $(STAMP)
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+bench-data: $(STAMP)
+	$(BIN)/case-env bench data --out bench-out/data --patients 2 --profiles ci,full
+
+clean:
+	rm -rf $(VENV) bench-out .pytest_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""Patient data layer: discovery, NIfTI loading, caching, volumetry, validation."""

@@ -1,0 +1,1 @@
+"""Deterministic synthetic longitudinal Dixon MRI patients."""

@@ -1,0 +1,59 @@
+"""`case-env synth` as a user runs it: skips identical work, never overwrites what is not ours."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+
+def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "case_env.cli", *args], capture_output=True, text=True, timeout=300, cwd=cwd
+    )
+
+
+def test_synth_writes_skips_and_refuses(tmp_path):
+    out = tmp_path / "data"
+    first = run(
+        "synth", "--out", str(out), "--patients", "1", "--profile", "ci", "--seed", "3", "--jobs", "1"
+    )
+    assert first.returncode == 0, first.stderr
+    assert "case0001" in first.stdout and "wrote 1 patients" in first.stdout
+    again = run("synth", "--out", str(out), "--patients", "1", "--profile", "ci", "--seed", "3")
+    assert again.returncode == 0 and "already present; nothing to do" in again.stdout
+    other = run("synth", "--out", str(out), "--patients", "1", "--profile", "ci", "--seed", "4")
+    assert other.returncode == 1 and "pass --force" in other.stderr and "Traceback" not in other.stderr
+    forced = run("synth", "--out", str(out), "--patients", "1", "--profile", "ci", "--seed", "4", "--force")
+    assert forced.returncode == 0
+    description = json.loads((out / "dataset_description.json").read_text())
+    assert description["GeneratedBy"][0]["Seed"] == 4
+
+
+def test_synth_never_touches_foreign_directories(tmp_path):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "precious.txt").write_text("keep me")
+    result = run("synth", "--out", str(out), "--patients", "1", "--force")
+    assert result.returncode == 1 and "refusing to touch it" in result.stderr
+    assert (out / "precious.txt").read_text() == "keep me"
+
+
+def test_bad_arguments_get_usage_errors(tmp_path):
+    result = run("synth", "--out", str(tmp_path / "x"), "--profile", "huge")
+    assert result.returncode == 2 and "unknown profile 'huge'" in result.stderr
+    result = run("synth", "--out", str(tmp_path / "x"), "--patients", "0")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+
+
+def test_bench_data_reports_every_figure(tmp_path):
+    result = run("bench", "data", "--out", str(tmp_path / "bench"), "--patients", "1", "--profiles", "ci")
+    assert result.returncode == 0, result.stderr
+    figures = json.loads((tmp_path / "bench" / "bench.json").read_text())["profiles"]["ci"]
+    assert figures["generation_s_per_visit"]["median"] > 0
+    assert figures["first_touch_s_per_visit"]["median"] > 0
+    assert set(figures["slice_from_cache_us"]) == {"sagittal", "coronal", "axial"}
+    memory = figures["memory"]
+    assert memory["cache_bytes_mb_at_end"] <= memory["cache_budget_mb"]
+    assert memory["cache_evictions"] > 0
