@@ -3,7 +3,7 @@
 Wide physiological bounds around the typical values of shared/reference/imaging.md section 1.2: liver
 1.3-1.9 L (CT 1281 +- 219 mL, Jasper 2019); spleen 150-250 mL, splenomegaly above about 315-400 mL
 (Caglar 2014, Prassopoulos 1997); kidney 130-180 mL each; pancreas 50-90 mL; gallbladder 15-60 mL; heart
-with blood 500-800 mL; bladder 50-500 mL. Bounds are widened by the two-year changes the scenarios apply.
+with blood 500-800 mL (about 400 in small women); bladder 50-500 mL. Bounds are widened by the two-year changes the scenarios apply.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ ADULT_RANGES_ML: dict[str, tuple[float, float]] = {
     "left_kidney": (90.0, 250.0),
     "right_kidney": (90.0, 250.0),
     "gallbladder": (10.0, 80.0),
-    "heart": (450.0, 950.0),
+    "heart": (400.0, 950.0),  # small women reach about 400 mL
     "bladder": (50.0, 500.0),
 }
 SPLENOMEGALY_ML = 315.0
