@@ -11,7 +11,7 @@ import pytest
 from case_env.data import layout
 from case_env.data.volumetry import interior
 from case_env.synth.geometry import PROFILES, station_z_ranges
-from case_env.synth.norms import ADULT_RANGES_ML, SPLENOMEGALY_ML
+from case_env.synth.norms import ADULT_RANGES_ML, MEASURED_ORGANS, SPLENOMEGALY_ML
 from case_env.synth.scenarios import SCENARIOS
 from case_env.synth.writer import generate_dataset, write_patient
 from case_env.tsv import read_tsv
@@ -26,24 +26,7 @@ from tests.conftest import (
 )
 
 SESSIONS = ("ses-01", "ses-02")
-# Organs big enough for a volume question; thin tubes and vertebrae are landmarks, not measured.
-SOLID_ORGANS = (
-    "liver",
-    "spleen",
-    "pancreas",
-    "left_kidney",
-    "right_kidney",
-    "gallbladder",
-    "stomach",
-    "heart",
-    "bladder",
-    "left_iliopsoas",
-    "right_iliopsoas",
-    "left_autochthon",
-    "right_autochthon",
-    "left_gluteus_maximus",
-    "right_gluteus_maximus",
-)
+SOLID_ORGANS = MEASURED_ORGANS
 
 
 def volumes(root: Path, sub: str, ses: str) -> dict[str, dict[str, str]]:

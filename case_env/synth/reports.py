@@ -50,6 +50,42 @@ def _volume_text(name: str, now: float, before: float | None) -> str:
     return text
 
 
+def _finding(organ: str, name: str, now_ml: float, before_ml: float | None, note: str = "", **extra) -> dict:
+    """One organ's line: volume, change against the prior visit, optional extra facts."""
+    return {
+        "organ": organ,
+        "volume_ml": round(now_ml, 1),
+        "previous_volume_ml": before_ml,
+        "change_pct": _change(now_ml, before_ml),
+        **extra,
+        "text": _volume_text(name, now_ml, before_ml) + note + ".",
+    }
+
+
+def _liver_finding(now: OrganMeasure, before: OrganMeasure | None, swapped: bool) -> dict:
+    previous = before.volume_ml if before else None
+    if swapped:
+        note = "; fat fraction not assessable because of a fat-water swap in this station"
+        return _finding(
+            "liver", "Liver", now.volume_ml, previous, note, fat_fraction_pct=None, fat_grade=None
+        )
+    if now.fat_fraction_pct is None:
+        return _finding("liver", "Liver", now.volume_ml, previous, fat_fraction_pct=None, fat_grade=None)
+    ff = round(now.fat_fraction_pct, 1)
+    note = f"; signal fat fraction {ff:.1f} % ({fat_grade(ff)})"
+    if before is not None and before.fat_fraction_pct is not None:
+        note += f", previously {before.fat_fraction_pct:.1f} %"
+    return _finding(
+        "liver", "Liver", now.volume_ml, previous, note, fat_fraction_pct=ff, fat_grade=fat_grade(ff)
+    )
+
+
+def _pancreas_finding(now: OrganMeasure, previous: float | None, swapped: bool) -> dict:
+    ff = None if swapped or now.fat_fraction_pct is None else round(now.fat_fraction_pct, 1)
+    note = "" if ff is None else f"; signal fat fraction {ff:.1f} %"
+    return _finding("pancreas", "Pancreas", now.volume_ml, previous, note, fat_fraction_pct=ff)
+
+
 def _sum(measures: dict[str, OrganMeasure], organs: tuple[str, ...]) -> float | None:
     present = [measures[o].volume_ml for o in organs if o in measures]
     return sum(present) if present else None
@@ -94,83 +130,19 @@ def build_report(
     def prev(organ: str) -> float | None:
         return before[organ].volume_ml if organ in before else None
 
-    findings = []
-    liver = now["liver"]
-    liver_text = _volume_text("Liver", liver.volume_ml, prev("liver"))
-    liver_ff = None
-    if "liver" in unreliable_fat:
-        liver_text += "; fat fraction not assessable because of a fat-water swap in this station"
-    elif liver.fat_fraction_pct is not None:
-        liver_ff = round(liver.fat_fraction_pct, 1)
-        liver_text += f"; signal fat fraction {liver_ff:.1f} % ({fat_grade(liver_ff)})"
-        if "liver" in before and before["liver"].fat_fraction_pct is not None:
-            liver_text += f", previously {before['liver'].fat_fraction_pct:.1f} %"
-    findings.append(
-        {
-            "organ": "liver",
-            "volume_ml": round(liver.volume_ml, 1),
-            "previous_volume_ml": prev("liver"),
-            "change_pct": _change(liver.volume_ml, prev("liver")),
-            "fat_fraction_pct": liver_ff,
-            "fat_grade": None if liver_ff is None else fat_grade(liver_ff),
-            "text": liver_text + ".",
-        }
-    )
-
-    spleen = now["spleen"].volume_ml
-    spleen_text = _volume_text("Spleen", spleen, prev("spleen"))
-    spleen_text += "; enlarged." if spleen > SPLENOMEGALY_ML else "; normal size."
-    findings.append(
-        {
-            "organ": "spleen",
-            "volume_ml": round(spleen, 1),
-            "previous_volume_ml": prev("spleen"),
-            "change_pct": _change(spleen, prev("spleen")),
-            "text": spleen_text,
-        }
-    )
-
-    pancreas = now["pancreas"]
-    pancreas_text = _volume_text("Pancreas", pancreas.volume_ml, prev("pancreas"))
-    pancreas_ff = None
-    if "pancreas" not in unreliable_fat and pancreas.fat_fraction_pct is not None:
-        pancreas_ff = round(pancreas.fat_fraction_pct, 1)
-        pancreas_text += f"; signal fat fraction {pancreas_ff:.1f} %"
-    findings.append(
-        {
-            "organ": "pancreas",
-            "volume_ml": round(pancreas.volume_ml, 1),
-            "previous_volume_ml": prev("pancreas"),
-            "change_pct": _change(pancreas.volume_ml, prev("pancreas")),
-            "fat_fraction_pct": pancreas_ff,
-            "text": pancreas_text + ".",
-        }
-    )
-
-    for side in ("right", "left"):
-        organ = f"{side}_kidney"
-        vol = now[organ].volume_ml
-        findings.append(
-            {
-                "organ": organ,
-                "volume_ml": round(vol, 1),
-                "previous_volume_ml": prev(organ),
-                "change_pct": _change(vol, prev(organ)),
-                "text": _volume_text(f"{side.capitalize()} kidney", vol, prev(organ)) + ".",
-            }
-        )
-
-    psoas_now = _sum(now, ("left_iliopsoas", "right_iliopsoas"))
-    psoas_before = _sum(before, ("left_iliopsoas", "right_iliopsoas")) if before else None
+    findings = [
+        _liver_finding(now["liver"], before.get("liver"), "liver" in unreliable_fat),
+        _finding("spleen", "Spleen", now["spleen"].volume_ml, prev("spleen"),
+                 "; enlarged" if now["spleen"].volume_ml > SPLENOMEGALY_ML else "; normal size"),
+        _pancreas_finding(now["pancreas"], prev("pancreas"), "pancreas" in unreliable_fat),
+        *(_finding(f"{side}_kidney", f"{side.capitalize()} kidney", now[f"{side}_kidney"].volume_ml,
+                   prev(f"{side}_kidney")) for side in ("right", "left")),
+    ]  # fmt: skip
+    psoas = ("left_iliopsoas", "right_iliopsoas")
+    psoas_now = _sum(now, psoas)
     if psoas_now is not None:
         findings.append(
-            {
-                "organ": "iliopsoas",
-                "volume_ml": round(psoas_now, 1),
-                "previous_volume_ml": psoas_before,
-                "change_pct": _change(psoas_now, psoas_before),
-                "text": _volume_text("Combined iliopsoas", psoas_now, psoas_before) + ".",
-            }
+            _finding("iliopsoas", "Combined iliopsoas", psoas_now, _sum(before, psoas) if before else None)
         )
 
     lesions = [_lesion_entry(les) for les in state.lesions]
