@@ -83,6 +83,64 @@ def synth(
     typer.echo(f"wrote {len(summaries)} patients to {out} in {time.perf_counter() - start:.1f} s")
 
 
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name may resolve anywhere: treat it as exposed
+
+
+@app.command()
+def serve(
+    data_root: Path = typer.Option(None, "--data-root", help="Patient data root (CASE_ENV_DATA_ROOT)."),
+    host: str = typer.Option(None, "--host", help="Bind address (default 127.0.0.1; CASE_ENV_HOST)."),
+    port: int = typer.Option(None, "--port", help="TCP port (default 8000; CASE_ENV_PORT)."),
+    workers: int = typer.Option(
+        None, "--workers", min=1, max=64, help="Worker processes (CASE_ENV_WORKERS)."
+    ),
+    audit_log: Path = typer.Option(None, "--audit-log", help="JSON-lines audit file (CASE_ENV_AUDIT_LOG)."),
+    log_level: str = typer.Option("info", "--log-level", help="uvicorn log level."),
+) -> None:
+    """Run the tool server. With CASE_ENV_TOKEN set, /v1 routes and /metrics require `Authorization: Bearer`."""
+    import tempfile
+
+    import uvicorn
+
+    from case_env.server.settings import ServerSettings
+    from case_env.settings import DataSettings
+
+    overrides = {
+        "DATA_ROOT": data_root,
+        "HOST": host,
+        "PORT": port,
+        "WORKERS": workers,
+        "AUDIT_LOG": audit_log,
+    }
+    for key, value in overrides.items():
+        if value is not None:
+            os.environ[f"CASE_ENV_{key}"] = str(value)  # workers are separate processes: pass settings down
+    settings = ServerSettings()
+    data = DataSettings()
+    if not _is_loopback(settings.host) and settings.token is None:
+        _fail(
+            f"refusing to listen on {settings.host} without a token: set CASE_ENV_TOKEN (or bind 127.0.0.1)",
+            2,
+        )
+    if not data.data_root.is_dir():
+        _fail(f"data root {data.data_root} is not a directory (run `case-env synth` or set --data-root)", 2)
+    with tempfile.TemporaryDirectory(prefix="case-env-") as run_dir:
+        if settings.workers > 1:
+            os.environ["PROMETHEUS_MULTIPROC_DIR"] = run_dir
+            if settings.episode_db is None:
+                os.environ["CASE_ENV_EPISODE_DB"] = str(Path(run_dir) / "episodes.sqlite")
+        uvicorn.run("case_env.server.app:create_app", factory=True, host=settings.host, port=settings.port,
+                    workers=settings.workers, log_level=log_level)  # fmt: skip
+
+
 @data_app.command("check")
 def data_check(
     root: Path = typer.Argument(..., help="Data root to validate."),
@@ -132,6 +190,35 @@ def bench_data(
 
     result = run_data_bench(out, patients, [p.strip() for p in profiles.split(",") if p.strip()], cache_mb)
     typer.echo(json.dumps(result, indent=2))
+
+
+@bench_app.command("server")
+def bench_server(
+    data_root: Path = typer.Option(
+        Path("data/synthetic"), "--data-root", help="Data root (generated if missing)."
+    ),
+    out: Path = typer.Option(Path("bench-out/server"), "--out", help="Directory for bench.json."),
+    clients: int = typer.Option(32, "--clients", min=1, help="Concurrent virtual rollouts."),
+    duration: float = typer.Option(20.0, "--duration", min=1, help="Measured seconds (after warm-up)."),
+    warmup: float = typer.Option(3.0, "--warmup", min=0, help="Unmeasured seconds first (caches fill)."),
+    workers: int = typer.Option(1, "--workers", min=1, help="Server worker processes."),
+) -> None:
+    """Per-tool latency and throughput of `case-env serve` under concurrent episodes."""
+    from case_env.bench.server import run_server_bench
+    from case_env.synth.writer import generate_dataset
+
+    if not data_root.is_dir():
+        typer.echo(f"{data_root} missing: generating 10 ci-profile patients")
+        generate_dataset(data_root, 10, "ci", 0, jobs=os.cpu_count() or 1)
+    result = run_server_bench(data_root, out, clients, duration, workers, warmup)
+    typer.echo(
+        f"{result['calls_per_s']} calls/s with {clients} clients, {workers} worker(s); errors {result['errors']}"
+    )
+    typer.echo(f"{'tool':22s} {'n':>6s} {'p50 ms':>8s} {'p95 ms':>8s} {'p99 ms':>8s}")
+    for tool, figures in result["latency_ms"].items():
+        typer.echo(
+            f"{tool:22s} {figures['n']:6d} {figures['p50']:8.1f} {figures['p95']:8.1f} {figures['p99']:8.1f}"
+        )
 
 
 def main() -> None:

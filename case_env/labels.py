@@ -199,6 +199,23 @@ _FIXED_COLOURS = {
 }
 
 
+_NAMED_COLOURS = {
+    "red": (255, 0, 0), "light red": (255, 80, 80), "orange": (255, 140, 0), "yellow": (255, 255, 0),
+    "green": (0, 255, 0), "aquamarine": (0, 255, 200), "cyan": (64, 255, 255), "sky blue": (0, 200, 255),
+    "blue": (0, 80, 255), "violet": (180, 0, 255), "magenta": (255, 0, 255), "pink": (255, 180, 180),
+    "brown": (210, 105, 30), "tan": (205, 133, 63), "rosy brown": (188, 143, 143), "white": (255, 255, 255),
+    "grey": (150, 150, 150), "olive": (160, 160, 60), "lime": (160, 255, 100), "purple": (150, 80, 200),
+}  # fmt: skip
+
+
+def colour_name(hex_colour: str) -> str:
+    """The nearest plain colour name, for legends a model reads ("liver: orange")."""
+    rgb = [int(hex_colour[i : i + 2], 16) for i in (1, 3, 5)]
+    return min(
+        _NAMED_COLOURS, key=lambda n: sum((a - b) ** 2 for a, b in zip(_NAMED_COLOURS[n], rgb, strict=True))
+    )
+
+
 def snake(name: str) -> str:
     """`right kidney` -> `right_kidney`; `vertebrae L5` -> `vertebrae_l5`."""
     return "_".join(name.lower().replace("-", " ").split())

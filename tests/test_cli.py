@@ -57,3 +57,31 @@ def test_bench_data_reports_every_figure(tmp_path):
     memory = figures["memory"]
     assert memory["cache_bytes_mb_at_end"] <= memory["cache_budget_mb"]
     assert memory["cache_evictions"] > 0
+
+
+def test_bench_server_measures_every_tool(dataset, tmp_path):
+    result = run(
+        "bench",
+        "server",
+        "--data-root",
+        str(dataset),
+        "--out",
+        str(tmp_path / "bench"),
+        "--clients",
+        "4",
+        "--duration",
+        "3",
+        "--warmup",
+        "1",
+    )
+    assert result.returncode == 0, result.stderr
+    figures = json.loads((tmp_path / "bench" / "bench.json").read_text())
+    assert figures["errors"] == {} and figures["calls"] > 0 and figures["calls_per_s"] > 0
+    assert set(figures["latency_ms"]) >= {
+        "list_visits",
+        "get_organ_volume",
+        "render_slice",
+        "render_comparison",
+    }
+    for tool in figures["latency_ms"].values():
+        assert 0 < tool["p50"] <= tool["p95"] <= tool["p99"]

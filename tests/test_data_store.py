@@ -183,7 +183,9 @@ def test_volumetry_without_a_table_is_computed_outside_the_data_tree(dataset, re
     computed = store.volumetry(SUB, "follow_up")
     reference = {r["name"]: r for r in read_tsv(dataset / layout.organ_volumes(SUB, "ses-02"))}
     for organ in ("liver", "spleen", "left_kidney", "heart"):
-        assert computed[organ].volume_ml == pytest.approx(float(reference[organ]["volume_ml"]), abs=1e-3)
+        assert computed[organ].volume_ml == pytest.approx(
+            float(reference[organ]["volume_ml"]), abs=2e-3
+        )  # 3-decimal rounding
         assert computed[organ].voxels == int(reference[organ]["voxels"])
     assert computed["liver"].fat_fraction_pct is not None
     assert tree_snapshot(realistic_root) == before

@@ -90,6 +90,7 @@ class PatientFiles:
     sex: str | None
     age: str | None
     visits: tuple[VisitFiles, ...]
+    fields: dict[str, str] = field(default_factory=dict)  # the participants.tsv row, as given
 
     def visit(self, name: str) -> VisitFiles | None:
         return next((v for v in self.visits if v.visit == name), None)
@@ -107,6 +108,9 @@ class DataIndex:
             return str(path.relative_to(self.root))
         except ValueError:
             return str(path)
+
+    def patient_ids(self) -> list[str]:
+        return list(self.patients)
 
     @property
     def errors(self) -> list[Problem]:
@@ -281,6 +285,7 @@ def _patient(index: DataIndex, subdir: Path, participant: dict[str, str]) -> Pat
         sex if sex not in (None, "", "n/a") else None,
         age if age not in (None, "", "n/a") else None,
         tuple(visits),
+        dict(participant),
     )
 
 

@@ -96,7 +96,7 @@ class PatientStore:
         return self.index.rel(path)
 
     # -- volumes -------------------------------------------------------------------------------------------
-    def _file_key(self, path: Path, patient_id: str, visit: str) -> tuple:
+    def file_key(self, path: Path, patient_id: str, visit: str) -> tuple:
         try:
             st = path.stat()
         except OSError as exc:
@@ -106,7 +106,7 @@ class PatientStore:
         return (str(path), st.st_mtime_ns, st.st_size)
 
     def _load(self, path: Path, patient_id: str, visit: str, as_labels: bool = False) -> Volume:
-        key = (*self._file_key(path, patient_id, visit), as_labels)
+        key = (*self.file_key(path, patient_id, visit), as_labels)
 
         def load() -> Volume:
             try:
@@ -118,7 +118,7 @@ class PatientStore:
         return self.cache.get(key, load)
 
     def geometry(self, path: Path, patient_id: str, visit: str) -> Geometry:
-        key = self._file_key(path, patient_id, visit)
+        key = self.file_key(path, patient_id, visit)
         with self._memo_lock:
             cached = self._geometry.get(key)
         if cached is None:
@@ -245,7 +245,7 @@ class PatientStore:
         """Organ measures by organ name."""
         vf = self.visit(patient_id, visit)
         if vf.volumes is not None:
-            key = self._file_key(vf.volumes, patient_id, visit)
+            key = self.file_key(vf.volumes, patient_id, visit)
             with self._memo_lock:
                 if key in self._volumetry:
                     return self._volumetry[key]
@@ -269,9 +269,9 @@ class PatientStore:
     def _derived_key(self, vf: VisitFiles, patient_id: str, visit: str) -> tuple:
         if vf.organs is None:
             raise MissingDataError("", f"no organ label map for {patient_id} {visit}", patient_id, visit)
-        parts = [self._file_key(vf.organs, patient_id, visit)]
+        parts = [self.file_key(vf.organs, patient_id, visit)]
         parts += [
-            self._file_key(vf.channels[c], patient_id, visit) for c in ("water", "fat") if c in vf.channels
+            self.file_key(vf.channels[c], patient_id, visit) for c in ("water", "fat") if c in vf.channels
         ]
         return ("derived", __version__, *parts)
 

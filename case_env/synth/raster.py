@@ -134,9 +134,10 @@ def downsample_labels(labels: np.ndarray, factor: int) -> np.ndarray:
     """Labels on a grid `factor` times coarser that keep every label's volume.
 
     A plain majority vote shrinks convex organs (a boundary voxel of a curved surface is more often under
-    half inside than over), by 2-3 % for a pancreas at 4.5 mm. Instead each label gets a quota, its
-    sub-voxel count divided by factor**3 (its exact volume), and boundary voxels are handed out by
-    descending coverage until the quotas are spent; the few left over take their plurality label.
+    half inside than over), by 1-3 % for a heart or pancreas at 4.5 mm. So each label has a quota, its
+    sub-voxel count divided by factor**3 (its exact volume): boundary voxels first take their plurality
+    label, then labels short of their quota take back the voxels where they have the largest share from
+    labels above theirs.
     """
     if factor == 1:
         return labels
@@ -150,39 +151,45 @@ def downsample_labels(labels: np.ndarray, factor: int) -> np.ndarray:
     m = where[0].size
     if m == 0:
         return out
-    target = np.rint(np.bincount(labels.ravel(order="K"), minlength=256) / n_sub).astype(np.int64)
-    quota = target - np.bincount(out[~mixed], minlength=256)
+    quota = np.rint(np.bincount(labels.ravel(order="K"), minlength=256) / n_sub).astype(np.int64)
 
+    # One entry per (boundary voxel, label present in it) with the label's sub-voxel count.
     values = np.sort(np.stack([sub[where] for sub in subs]), axis=0)  # (n_sub, m)
     starts = np.ones(values.shape, bool)
     starts[1:] = values[1:] != values[:-1]
-    row, voxel = np.nonzero(starts)  # one entry per (voxel, label present in it)
-    count = np.empty(row.size, np.int64)
+    row, voxel = np.nonzero(starts)
     order = np.lexsort((row, voxel))
     row, voxel = row[order], voxel[order]
     next_row = np.append(row[1:], n_sub)
     next_row[np.append(voxel[1:] != voxel[:-1], True)] = n_sub
     count = next_row - row
-    label = values[row, voxel]
+    label = values[row, voxel].astype(np.int64)
     tiebreak = (voxel.astype(np.uint64) * np.uint64(2654435761)) % np.uint64(1 << 32)  # fixed, unbiased order
-    order = np.lexsort((label, tiebreak, -count))
 
-    assigned = np.full(m, -1, np.int64)
-    quota_left = quota.tolist()
-    for j, lab in zip(voxel[order].tolist(), label[order].tolist(), strict=True):
-        if assigned[j] < 0 and quota_left[lab] > 0:
-            assigned[j] = lab
-            quota_left[lab] -= 1
-    if (assigned < 0).any():  # rounding leftovers: plurality label
-        best = np.full(m, -1, np.int64)
-        best_count = np.zeros(m, np.int64)
-        better = count > best_count[voxel]
-        for j, lab, c in zip(
-            voxel[better].tolist(), label[better].tolist(), count[better].tolist(), strict=True
-        ):
-            if c > best_count[j]:
-                best[j], best_count[j] = lab, c
-        assigned = np.where(assigned < 0, best, assigned)
+    by_share = np.lexsort((tiebreak, -count, voxel))  # per voxel: largest share first
+    first = np.ones(by_share.size, bool)
+    first[1:] = voxel[by_share][1:] != voxel[by_share][:-1]
+    assigned = np.empty(m, np.int64)
+    assigned[voxel[by_share][first]] = label[by_share][first]
+
+    held = np.bincount(out[~mixed], minlength=256) + np.bincount(assigned, minlength=256)
+    for _ in range(3):
+        short = np.flatnonzero(quota > held)
+        if short.size == 0:
+            break
+        for lab in short[np.argsort(held[short] - quota[short])]:
+            candidates = np.flatnonzero((label == lab) & (assigned[voxel] != lab))
+            candidates = candidates[np.lexsort((tiebreak[candidates], -count[candidates]))]
+            need = int(quota[lab] - held[lab])
+            for j in voxel[candidates].tolist():
+                if need == 0:
+                    break
+                donor = assigned[j]
+                if held[donor] > quota[donor]:
+                    assigned[j] = lab
+                    held[donor] -= 1
+                    held[lab] += 1
+                    need -= 1
     out[where] = assigned.astype(np.uint8)
     return out
 

@@ -1,0 +1,137 @@
+"""The app factory: settings in, a FastAPI app out, with its resources opened and closed by the lifespan.
+
+`create_app()` with no arguments reads `CASE_ENV_*` settings, which is how uvicorn workers build it
+(`case_env.server.app:create_app`, factory mode).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from case_env import __version__
+from case_env.data.store import PatientStore
+from case_env.imaging.service import Imaging
+from case_env.server.audit import AuditLog
+from case_env.server.auth import AuthError
+from case_env.server.episodes import EpisodeStore
+from case_env.server.errors import error_response, short
+from case_env.server.limits import BodyLimit
+from case_env.server.metrics import Metrics
+from case_env.server.routes import episodes, ops, tools
+from case_env.server.settings import ServerSettings
+from case_env.server.state import ServerState
+from case_env.settings import DataSettings
+from case_env.tooling import ErrorCode, ToolSpec, load_tools
+
+log = logging.getLogger("case_env.server")
+
+DESCRIPTION = """Patient-scoped tools over longitudinal whole-body Dixon MRI for clinical agents.
+
+Model-caused problems (bad arguments, unknown tool, organ or visit) return `ok: false` with a message the
+model can act on; service problems use HTTP status codes (429, 503, 504) that clients retry."""
+
+
+async def _sweep_episodes(state: ServerState) -> None:
+    interval = min(60.0, state.settings.episode_idle_s / 4)
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            state.episodes.sweep()
+            state.metrics.episodes_live.set(state.episodes.live())
+        except Exception:  # a failed sweep must not end the loop
+            log.exception("episode sweep failed")
+
+
+def create_app(
+    settings: ServerSettings | None = None,
+    data: DataSettings | None = None,
+    tool_specs: dict[str, ToolSpec] | None = None,
+) -> FastAPI:
+    settings = settings or ServerSettings()
+    data = data or DataSettings()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        store = PatientStore(settings=data)
+        errors = store.index.errors
+        log.info(
+            "data root %s: %d patients, %d problem(s)", store.root, len(store.patient_ids()), len(errors)
+        )
+        for problem in errors[:20]:
+            log.warning("data problem: %s", problem)
+        state = ServerState(
+            settings=settings,
+            data=data,
+            store=store,
+            imaging=Imaging(store, settings.image_max_side),
+            tools=tool_specs if tool_specs is not None else load_tools(),
+            episodes=EpisodeStore(settings.episode_db, settings.episode_idle_s, settings.max_episodes,
+                                  settings.max_calls_per_episode),
+            audit=AuditLog(settings.audit_log),
+            metrics=Metrics(),
+            render_pool=ThreadPoolExecutor(settings.render_threads, thread_name_prefix="case-env-render"),
+            text_pool=ThreadPoolExecutor(settings.text_threads, thread_name_prefix="case-env-text"),
+        )  # fmt: skip
+        if settings.audit_log is None:
+            log.warning("audit log disabled (set CASE_ENV_AUDIT_LOG or --audit-log)")
+        app.state.server = state
+        state.tasks.append(asyncio.create_task(_sweep_episodes(state)))
+        try:
+            yield
+        finally:
+            for task in state.tasks:
+                task.cancel()
+            state.render_pool.shutdown(wait=False, cancel_futures=True)
+            state.text_pool.shutdown(wait=False, cancel_futures=True)
+            state.episodes.close()
+            state.audit.close()
+
+    app = FastAPI(title="case-env", version=__version__, description=DESCRIPTION, lifespan=lifespan)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.include_router(ops.router)
+    app.include_router(tools.router)
+    app.include_router(episodes.router)
+    _install_error_handlers(app)
+    return app
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(AuthError)
+    async def _unauthorized(request: Request, exc: AuthError):
+        return error_response(ErrorCode.UNAUTHORIZED, "missing or invalid bearer token",
+                              headers={"WWW-Authenticate": "Bearer"})  # fmt: skip
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError):
+        problems = []
+        for error in exc.errors()[:5]:
+            if error.get("type") == "json_invalid":
+                problems.append("the body is not valid JSON")
+                continue
+            where = ".".join(str(p) for p in error.get("loc", ()) if p != "body") or "body"
+            problems.append(f"{where}: {error.get('msg', 'invalid')}")
+        message = short("invalid request: " + "; ".join(problems))
+        if request.url.path.startswith("/v1/tools/") and request.method == "POST":
+            request.app.state.server.audit.write(
+                episode_id=None, patient_id=None, tool=request.url.path.rsplit("/", 1)[-1], arguments=None,
+                status=ErrorCode.INVALID_REQUEST.value, http_status=422, latency_ms=0.0,
+            )  # fmt: skip
+        return error_response(ErrorCode.INVALID_REQUEST, message, status=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException):
+        code = ErrorCode.INVALID_REQUEST if exc.status_code < 500 else ErrorCode.INTERNAL
+        return error_response(code, short(str(exc.detail)), status=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, exc: Exception):
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return error_response(ErrorCode.INTERNAL, "internal error; the failure was logged", status=500)

@@ -1,0 +1,143 @@
+"""Episodes: which patient each trajectory is bound to, and its recent calls.
+
+Kept in SQLite so that every worker of a multi-worker server sees the same bindings: a trajectory whose
+calls land on different workers is still held to one patient. Bounded three ways: idle episodes expire,
+the number of episodes is capped (least recently seen go first) and each episode keeps only its most
+recent calls. The episode log is an index for inspection; the audit log is the durable record, so the
+database runs without fsync.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS episodes (
+    id TEXT PRIMARY KEY, patient_id TEXT NOT NULL, created REAL NOT NULL, last_seen REAL NOT NULL,
+    calls INTEGER NOT NULL DEFAULT 0);
+CREATE INDEX IF NOT EXISTS episodes_last_seen ON episodes(last_seen);
+CREATE TABLE IF NOT EXISTS calls (
+    episode_id TEXT NOT NULL, seq INTEGER NOT NULL, time REAL NOT NULL, tool TEXT NOT NULL,
+    arguments TEXT NOT NULL, status TEXT NOT NULL, http_status INTEGER NOT NULL, latency_ms REAL NOT NULL,
+    digest TEXT, PRIMARY KEY (episode_id, seq));
+"""
+
+
+@dataclass(frozen=True)
+class Call:
+    tool: str
+    arguments: dict
+    status: str
+    http_status: int
+    latency_ms: float
+    digest: str | None
+
+
+class EpisodeStore:
+    """Not thread-safe by design: the server touches it only from its event loop."""
+
+    def __init__(self, path: Path | None, idle_s: float, max_episodes: int, max_calls: int):
+        self.idle_s = idle_s
+        self.max_episodes = max_episodes
+        self.max_calls = max_calls
+        if path is None:
+            target, uri = f"file:episodes-{uuid.uuid4().hex}?mode=memory&cache=private", True
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            target, uri = str(path), False
+        self.db = sqlite3.connect(target, uri=uri, isolation_level=None, timeout=10.0)
+        if path is not None:
+            self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=OFF")
+        self.db.executescript(_SCHEMA)
+
+    def bind(self, episode_id: str, patient_id: str, now: float | None = None) -> str:
+        """Bind a new episode to a patient (or touch a known one); returns the bound patient."""
+        now = time.time() if now is None else now
+        row = self.db.execute(
+            "INSERT INTO episodes (id, patient_id, created, last_seen) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT(id) DO UPDATE SET last_seen = excluded.last_seen RETURNING patient_id",
+            (episode_id, patient_id, now, now),
+        ).fetchone()
+        return row[0]
+
+    def record(self, episode_id: str, call: Call, now: float | None = None) -> None:
+        now = time.time() if now is None else now
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            row = self.db.execute(
+                "UPDATE episodes SET calls = calls + 1, last_seen = ? WHERE id = ? RETURNING calls",
+                (now, episode_id),
+            ).fetchone()
+            if row is not None:
+                seq = row[0]
+                self.db.execute(
+                    "INSERT INTO calls VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (episode_id, seq, now, call.tool, json.dumps(call.arguments, default=str), call.status,
+                     call.http_status, round(call.latency_ms, 3), call.digest),
+                )  # fmt: skip
+                if seq > self.max_calls:
+                    self.db.execute(
+                        "DELETE FROM calls WHERE episode_id = ? AND seq <= ?",
+                        (episode_id, seq - self.max_calls),
+                    )
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+
+    def get(self, episode_id: str) -> dict | None:
+        row = self.db.execute(
+            "SELECT patient_id, created, last_seen, calls FROM episodes WHERE id = ?", (episode_id,)
+        ).fetchone()
+        if row is None:
+            return None
+        calls = self.db.execute(
+            "SELECT seq, time, tool, arguments, status, http_status, latency_ms, digest FROM calls "
+            "WHERE episode_id = ? ORDER BY seq",
+            (episode_id,),
+        ).fetchall()
+        return {
+            "episode_id": episode_id,
+            "patient_id": row[0],
+            "created": row[1],
+            "last_seen": row[2],
+            "calls_total": row[3],
+            "calls": [
+                {"seq": c[0], "time": c[1], "tool": c[2], "arguments": json.loads(c[3]), "status": c[4],
+                 "http_status": c[5], "latency_ms": c[6], "output_digest": c[7]}
+                for c in calls
+            ],
+        }  # fmt: skip
+
+    def sweep(self, now: float | None = None) -> int:
+        """Forget idle episodes and the least recent ones beyond the cap; returns how many were dropped."""
+        now = time.time() if now is None else now
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            dropped = self.db.execute(
+                "DELETE FROM episodes WHERE last_seen < ? RETURNING id", (now - self.idle_s,)
+            ).fetchall()
+            excess = self.live() - self.max_episodes
+            if excess > 0:
+                dropped += self.db.execute(
+                    "DELETE FROM episodes WHERE id IN (SELECT id FROM episodes ORDER BY last_seen LIMIT ?) RETURNING id",
+                    (excess,),
+                ).fetchall()
+            self.db.execute("DELETE FROM calls WHERE episode_id NOT IN (SELECT id FROM episodes)")
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        return len(dropped)
+
+    def live(self) -> int:
+        return self.db.execute("SELECT COUNT(*) FROM episodes").fetchone()[0]
+
+    def close(self) -> None:
+        self.db.close()

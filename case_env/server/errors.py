@@ -1,0 +1,36 @@
+"""How failures become HTTP answers: status per error code, one response shape, no tracebacks."""
+
+from __future__ import annotations
+
+from fastapi.responses import JSONResponse
+
+from case_env.server.models import ErrorInfo, ErrorResponse
+from case_env.tooling import ErrorCode
+
+HTTP_STATUS = {
+    ErrorCode.INVALID_REQUEST: 422,
+    ErrorCode.UNAUTHORIZED: 401,
+    ErrorCode.SCOPE_VIOLATION: 403,
+    ErrorCode.UNKNOWN_PATIENT: 404,
+    ErrorCode.OVERLOADED: 429,
+    ErrorCode.NOT_READY: 503,
+    ErrorCode.DATA_UNAVAILABLE: 503,
+    ErrorCode.DEADLINE_EXCEEDED: 504,
+    ErrorCode.INTERNAL: 500,
+}  # every other code is a model fault: HTTP 200 with ok false
+
+
+def status_of(code: ErrorCode) -> int:
+    return HTTP_STATUS.get(code, 200)
+
+
+def error_response(
+    code: ErrorCode, message: str, status: int | None = None, headers: dict | None = None
+) -> JSONResponse:
+    body = ErrorResponse(error=ErrorInfo(code=code, message=message)).model_dump(mode="json")
+    return JSONResponse(body, status_code=status or status_of(code), headers=headers)
+
+
+def short(text: str, limit: int = 300) -> str:
+    """Bound what is echoed back from client input."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -1,0 +1,54 @@
+"""Prometheus metrics of one server: calls by tool and status, latency by tool, in flight, cache, episodes.
+
+Each app gets its own registry (tests run several servers in one process). With several workers,
+`case-env serve` sets PROMETHEUS_MULTIPROC_DIR before the workers start, so every worker writes its values
+to shared files and /metrics aggregates them.
+"""
+
+from __future__ import annotations
+
+import os
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    multiprocess,
+)
+
+LATENCY_BUCKETS = (0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class Metrics:
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self) -> None:
+        self.multiprocess = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+        self.registry = None if self.multiprocess else CollectorRegistry()
+        kw = {"registry": self.registry} if self.registry is not None else {}
+        self.calls = Counter("case_env_tool_calls", "Tool calls by tool and status (ok or error code).",
+                             ["tool", "status"], **kw)  # fmt: skip
+        self.latency = Histogram("case_env_tool_latency_seconds", "Server time per tool call.", ["tool"],
+                                 buckets=LATENCY_BUCKETS, **kw)  # fmt: skip
+        self.in_flight = Gauge(
+            "case_env_calls_in_flight", "Tool calls being served.", multiprocess_mode="livesum", **kw
+        )
+        self.cache_bytes = Gauge("case_env_cache_bytes", "Bytes of decoded volumes held in memory.",
+                                 multiprocess_mode="livesum", **kw)  # fmt: skip
+        self.episodes_live = Gauge(
+            "case_env_episodes_live", "Episodes remembered.", multiprocess_mode="max", **kw
+        )
+
+    def observe(self, tool: str, status: str, seconds: float) -> None:
+        self.calls.labels(tool, status).inc()
+        self.latency.labels(tool).observe(seconds)
+
+    def render(self) -> bytes:
+        if self.multiprocess:
+            registry = CollectorRegistry()
+            multiprocess.MultiProcessCollector(registry)
+            return generate_latest(registry)
+        return generate_latest(self.registry)

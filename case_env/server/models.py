@@ -1,0 +1,101 @@
+"""Wire models of HTTP API v1. Field descriptions feed /openapi.json."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from case_env.tooling import ErrorCode, Persona
+
+EPISODE_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
+PATIENT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
+
+
+class ErrorInfo(BaseModel):
+    code: ErrorCode = Field(description="Machine-readable reason.")
+    message: str = Field(description="One line, readable by a model or a person; never a path or traceback.")
+
+
+class ErrorResponse(BaseModel):
+    ok: bool = Field(False, description="Always false.")
+    error: ErrorInfo
+
+
+class ToolCallRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    episode_id: str = Field(
+        pattern=EPISODE_ID_PATTERN,
+        description="Stable id of the trajectory (verl's agent_data.request_id). The first call binds it to "
+        "its patient; a later call naming another patient is refused.",
+    )
+    patient_id: str = Field(
+        pattern=PATIENT_ID_PATTERN, description="Public patient id (e.g. case0001), from the dataset row."
+    )
+    arguments: dict[str, Any] = Field(
+        default_factory=dict, description="The tool's arguments, as the model gave them."
+    )
+
+
+class ImagePayload(BaseModel):
+    mime: str = Field(description="Media type, image/png.")
+    width: int = Field(description="Width in pixels.")
+    height: int = Field(description="Height in pixels.")
+    data_b64: str = Field(description="Base64-encoded image bytes.")
+
+
+class ToolCallResponse(BaseModel):
+    ok: bool = Field(description="True when the tool answered; false when the call failed (see error).")
+    tool: str = Field(description="The tool called.")
+    episode_id: str = Field(description="The episode of the call.")
+    text: str = Field(description="What the model sees: the answer, or the error message.")
+    images: list[ImagePayload] = Field(default_factory=list, description="Images returned with the text.")
+    error: ErrorInfo | None = Field(None, description="Set when ok is false.")
+    latency_ms: float = Field(description="Server time spent on the call.")
+
+
+class ToolInfo(BaseModel):
+    name: str
+    personas: list[Persona] = Field(description="Personas whose tool subset includes this tool.")
+    schema_: dict = Field(
+        alias="schema", description="OpenAI function schema, as verl's tool config takes it."
+    )
+
+    model_config = ConfigDict(populate_by_name=True)
+
+
+class ToolsResponse(BaseModel):
+    schema_version: str = Field(description="Hash of all schemas; changes whenever a tool's schema changes.")
+    tools: list[ToolInfo]
+
+
+class CallRecord(BaseModel):
+    seq: int = Field(description="1-based position of the call in its episode.")
+    time: float = Field(description="Unix time the call finished.")
+    tool: str
+    arguments: dict[str, Any]
+    status: str = Field(description="ok, or the error code.")
+    http_status: int
+    latency_ms: float
+    output_digest: str | None = Field(None, description="BLAKE2b-128 of the text and image bytes returned.")
+
+
+class EpisodeResponse(BaseModel):
+    episode_id: str
+    patient_id: str
+    created: float = Field(description="Unix time of the first call.")
+    last_seen: float = Field(description="Unix time of the latest call.")
+    calls_total: int = Field(description="Calls made in the episode, including those no longer kept.")
+    calls: list[CallRecord] = Field(description="The most recent calls, oldest first.")
+
+
+class HealthResponse(BaseModel):
+    status: str = "ok"
+    version: str
+
+
+class ReadyResponse(BaseModel):
+    ready: bool
+    patients: int = Field(description="Patients found in the data root.")
+    reason: str | None = Field(None, description="Why the server is not ready.")

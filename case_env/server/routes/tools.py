@@ -1,0 +1,177 @@
+"""POST /v1/tools/{name} and GET /v1/tools: the tool calls verl's rollouts make.
+
+A call passes, in order: readiness (503), admission against the in-flight bound (429 + Retry-After),
+patient lookup (404), episode scope (403), tool and argument checks (ok false), then the handler in the
+bounded thread pool under the per-call deadline (504): image tools in the render pool, text tools in
+their own small pool so they never queue behind renders. Loading, rendering, PNG and base64 encoding all
+happen in those pools; the event loop only routes, books and answers. Every outcome is counted, written to
+the audit log and, once the episode is bound, to the episode's call list.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import logging
+import time
+from dataclasses import dataclass, field
+
+from fastapi import APIRouter, Depends, Path, Request
+from fastapi.responses import Response
+
+from case_env.errors import DataError, MissingDataError
+from case_env.server.auth import require_token
+from case_env.server.episodes import Call
+from case_env.server.errors import status_of
+from case_env.server.models import (
+    ErrorInfo,
+    ImagePayload,
+    ToolCallRequest,
+    ToolCallResponse,
+    ToolInfo,
+    ToolsResponse,
+)
+from case_env.server.state import ServerState
+from case_env.tooling import ErrorCode, ToolContext, ToolError, ToolResult, ToolSpec
+
+log = logging.getLogger("case_env.server")
+router = APIRouter(prefix="/v1", tags=["tools"], dependencies=[Depends(require_token)])
+
+_ERROR_RESPONSES = {
+    401: {"model": ToolCallResponse, "description": "Missing or wrong bearer token."},
+    403: {"model": ToolCallResponse, "description": "The episode is bound to another patient."},
+    404: {"model": ToolCallResponse, "description": "Unknown patient."},
+    413: {"description": "Request body too large."},
+    422: {"model": ToolCallResponse, "description": "Malformed request body."},
+    429: {
+        "model": ToolCallResponse,
+        "description": "Too many calls in flight; retry after Retry-After seconds.",
+    },
+    503: {"model": ToolCallResponse, "description": "Not ready, or the patient's stored data is unreadable."},
+    504: {"model": ToolCallResponse, "description": "The call exceeded the per-call deadline."},
+}
+
+
+@dataclass
+class Outcome:
+    status: int
+    text: str
+    images: list[ImagePayload] = field(default_factory=list)
+    error: ErrorInfo | None = None
+    digest: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    bound: bool = False  # the episode is bound to this call's patient: record the call there
+
+    @classmethod
+    def failure(cls, code: ErrorCode, message: str, **kw) -> Outcome:
+        return cls(status_of(code), message, error=ErrorInfo(code=code, message=message), **kw)
+
+
+@router.get("/tools", response_model=ToolsResponse, summary="Tool schemas and the personas of each tool")
+async def list_tools(request: Request) -> ToolsResponse:
+    state: ServerState = request.app.state.server
+    return ToolsResponse(
+        schema_version=state.schema_version,
+        tools=[
+            ToolInfo(name=t.name, personas=list(t.personas), schema=t.openai_schema())
+            for t in state.tools.values()
+        ],
+    )
+
+
+@router.post(
+    "/tools/{name}",
+    response_model=ToolCallResponse,
+    responses=_ERROR_RESPONSES,
+    summary="Call a tool for a patient within an episode",
+)
+async def call_tool(
+    request: Request,
+    body: ToolCallRequest,
+    name: str = Path(max_length=64, description="Tool name, as listed by GET /v1/tools."),
+) -> Response:
+    state: ServerState = request.app.state.server
+    started = time.perf_counter()
+    outcome = await _serve(state, name, body, started)
+    latency_ms = (time.perf_counter() - started) * 1000
+    status = outcome.error.code.value if outcome.error else "ok"
+    state.metrics.observe(name if name in state.tools else "_unknown", status, latency_ms / 1000)
+    state.metrics.cache_bytes.set(state.store.cache.stats().bytes)
+    state.audit.write(episode_id=body.episode_id, patient_id=body.patient_id, tool=name, arguments=body.arguments,
+                      status=status, http_status=outcome.status, latency_ms=latency_ms)  # fmt: skip
+    if outcome.bound:
+        state.episodes.record(
+            body.episode_id, Call(name, body.arguments, status, outcome.status, latency_ms, outcome.digest)
+        )
+    payload = ToolCallResponse.model_construct(
+        ok=outcome.error is None, tool=name, episode_id=body.episode_id, text=outcome.text, images=outcome.images,
+        error=outcome.error, latency_ms=round(latency_ms, 2),
+    )  # fmt: skip
+    return Response(payload.model_dump_json(), status_code=outcome.status, headers=outcome.headers,
+                    media_type="application/json")  # fmt: skip
+
+
+async def _serve(state: ServerState, name: str, body: ToolCallRequest, started: float) -> Outcome:
+    ready, reason = state.readiness()
+    retry = {"Retry-After": str(state.settings.retry_after_s)}
+    if not ready:
+        return Outcome.failure(ErrorCode.NOT_READY, f"server not ready: {reason}", headers=retry)
+    if state.in_flight >= state.settings.max_in_flight:
+        return Outcome.failure(ErrorCode.OVERLOADED, "too many calls in flight; retry shortly", headers=retry)
+    if body.patient_id not in state.store.index.patients:
+        return Outcome.failure(ErrorCode.UNKNOWN_PATIENT, f"unknown patient {body.patient_id!r}")
+    bound_to = state.episodes.bind(body.episode_id, body.patient_id)
+    if bound_to != body.patient_id:
+        return Outcome.failure(ErrorCode.SCOPE_VIOLATION, "this episode is bound to another patient")
+    spec = state.tools.get(name)
+    if spec is None:
+        valid = ", ".join(state.tools)
+        return Outcome.failure(
+            ErrorCode.UNKNOWN_TOOL, f"unknown tool {name!r}; available tools: {valid}", bound=True
+        )
+    state.in_flight += 1
+    state.metrics.in_flight.inc()
+    try:
+        return await _run(state, spec, body, started)
+    finally:
+        state.in_flight -= 1
+        state.metrics.in_flight.dec()
+
+
+async def _run(state: ServerState, spec: ToolSpec, body: ToolCallRequest, started: float) -> Outcome:
+    def job() -> Outcome:
+        try:
+            args = spec.parse(body.arguments)
+            result = spec.run(ToolContext(state.store, state.imaging, body.patient_id), args)
+        except ToolError as exc:
+            return Outcome.failure(exc.code, exc.message, bound=True)
+        except MissingDataError as exc:
+            return Outcome.failure(ErrorCode.NOT_AVAILABLE, exc.reason, bound=True)
+        except DataError as exc:
+            message = f"stored data for this patient cannot be read ({exc.reason})"
+            return Outcome.failure(ErrorCode.DATA_UNAVAILABLE, message, bound=True)
+        return _success(result)
+
+    remaining = state.settings.tool_deadline_s - (time.perf_counter() - started)
+    future = (state.render_pool if spec.renders else state.text_pool).submit(job)
+    try:
+        return await asyncio.wait_for(asyncio.wrap_future(future), timeout=max(remaining, 0.001))
+    except TimeoutError:
+        seconds = state.settings.tool_deadline_s
+        return Outcome.failure(
+            ErrorCode.DEADLINE_EXCEEDED, f"the call took longer than {seconds:g} s", bound=True
+        )
+    except Exception:
+        log.exception("tool %s failed unexpectedly", spec.name)
+        return Outcome.failure(ErrorCode.INTERNAL, "internal error; the failure was logged", bound=True)
+
+
+def _success(result: ToolResult) -> Outcome:
+    digest = hashlib.blake2b(result.text.encode(), digest_size=16)
+    images = []
+    for image in result.images:
+        digest.update(image.png)
+        images.append(ImagePayload(mime=image.mime, width=image.width, height=image.height,
+                                   data_b64=base64.b64encode(image.png).decode("ascii")))  # fmt: skip
+    return Outcome(200, result.text, images, digest=digest.hexdigest(), bound=True)

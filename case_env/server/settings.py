@@ -1,0 +1,48 @@
+"""Settings of the HTTP service (`CASE_ENV_*` environment variables or `case-env serve` options).
+
+Data-layer settings (root, cache budget, cache directory) live in `case_env.settings.DataSettings`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class ServerSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CASE_ENV_", extra="ignore")
+
+    host: str = Field("127.0.0.1", description="Bind address; a non-loopback address requires a token.")
+    port: int = Field(8000, ge=0, le=65535, description="TCP port.")
+    workers: int = Field(1, ge=1, le=64, description="uvicorn worker processes.")
+    token: SecretStr | None = Field(
+        None, description="Bearer token required on every /v1 route and /metrics."
+    )
+    max_in_flight: int = Field(256, ge=1, description="Calls in flight per worker before answering 429.")
+    retry_after_s: int = Field(1, ge=1, description="Retry-After seconds sent with 429 and 503.")
+    tool_deadline_s: float = Field(20.0, gt=0, description="Per-call deadline; past it the call answers 504.")
+    render_threads: int = Field(
+        default_factory=lambda: max(2, min(8, 2 * (os.cpu_count() or 1))),
+        ge=1,
+        description="Threads that load, render and encode images (numpy, zlib and Pillow release the GIL).",
+    )
+    text_threads: int = Field(
+        2, ge=1, description="Threads for text tools, so they never wait behind renders."
+    )
+    episode_idle_s: float = Field(3600.0, gt=0, description="An episode idle this long is forgotten.")
+    max_episodes: int = Field(
+        100_000, ge=1, description="Episodes remembered at most (least recent go first)."
+    )
+    max_calls_per_episode: int = Field(
+        256, ge=1, description="Calls remembered per episode (oldest go first)."
+    )
+    episode_db: Path | None = Field(
+        None, description="SQLite file shared by workers for episodes; default in memory (one worker) or a "
+        "temporary file (several workers)."
+    )  # fmt: skip
+    audit_log: Path | None = Field(None, description="File that receives one JSON line per call.")
+    image_max_side: int = Field(448, ge=64, le=2048, description="Longest side of returned images in pixels.")
+    max_body_bytes: int = Field(65536, ge=1024, description="Larger request bodies are refused with 413.")

@@ -1,0 +1,52 @@
+"""Run the real app under uvicorn on loopback, in a background thread, for tests."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import uvicorn
+
+from case_env.server.app import create_app
+from case_env.server.settings import ServerSettings
+from case_env.settings import DataSettings
+from case_env.tooling import ToolSpec
+
+
+class LiveServer:
+    def __init__(self, app, server: uvicorn.Server, thread: threading.Thread):
+        self.app = app
+        self.server = server
+        self.thread = thread
+        port = server.servers[0].sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+
+    @property
+    def state(self):
+        return self.app.state.server
+
+
+@contextmanager
+def live_server(
+    root: Path, tmp: Path, tool_specs: dict[str, ToolSpec] | None = None, **settings
+) -> Iterator[LiveServer]:
+    server_settings = ServerSettings(host="127.0.0.1", port=0, audit_log=tmp / "audit.jsonl", **settings)
+    data = DataSettings(data_root=root, cache_dir=tmp / "cache")
+    app = create_app(server_settings, data, tool_specs)
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("server did not start")
+        time.sleep(0.02)
+    try:
+        yield LiveServer(app, server, thread)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)

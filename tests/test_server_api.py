@@ -1,0 +1,378 @@
+"""The HTTP contract: errors by status and message, scope, auth, overload, deadlines, episodes, audit,
+metrics and OpenAPI, against the real server under uvicorn on loopback."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from openapi_spec_validator import validate
+from pydantic import BaseModel, ConfigDict, Field
+
+from case_env.data import layout
+from case_env.server.episodes import Call, EpisodeStore
+from case_env.tooling import Persona, ToolResult, ToolSpec, function_parameters, load_tools
+from tests.server_harness import live_server
+from tests.test_data_store import SUB, copy_patient
+
+
+class SlowArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    seconds: float = Field(0.5, ge=0, le=10, description="How long the call takes.")
+
+
+def _slow(ctx, args: SlowArgs) -> ToolResult:
+    time.sleep(args.seconds)
+    return ToolResult(f"slept {args.seconds} s")
+
+
+SLOW = ToolSpec("slow_tool", "Takes a while.", (Persona.ANATOMIST,), SlowArgs, _slow,
+                function_parameters("slow_tool", SlowArgs))  # fmt: skip
+WITH_SLOW = {**load_tools(), "slow_tool": SLOW}
+
+
+def post(url: str, tool: str, patient: str = "case0001", episode: str = "e-1", headers=None, **arguments):
+    body = {"episode_id": episode, "patient_id": patient, "arguments": arguments}
+    return httpx.post(f"{url}/v1/tools/{tool}", json=body, headers=headers, timeout=30)
+
+
+@pytest.fixture(scope="module")
+def server(dataset, tmp_path_factory):
+    with live_server(dataset, tmp_path_factory.mktemp("api")) as live:
+        yield live
+
+
+def audit_lines(server) -> list[dict]:
+    path = server.state.settings.audit_log
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.mark.parametrize(
+    ("tool", "arguments", "code", "message"),
+    [
+        ("no_such_tool", {}, "unknown_tool", "unknown tool 'no_such_tool'; available tools: compare_organ_volume"),
+        ("get_organ_volume", {"organ": "liver", "visit": "ses-01"}, "invalid_arguments",
+         "visit must be one of baseline, follow_up, not 'ses-01'"),
+        ("get_organ_volume", {"visit": "baseline"}, "invalid_arguments", "missing argument 'organ'"),
+        ("get_organ_volume", {"organ": "liver", "visit": "baseline", "patient_id": "case0002"}, "invalid_arguments",
+         "unknown argument 'patient_id' (valid arguments: organ, visit)"),
+        ("get_organ_volume", {"organ": "brain", "visit": "baseline"}, "unknown_organ",
+         "organ 'brain' is not segmented for this patient at baseline; available: liver, spleen"),
+        ("render_slice", {"visit": "baseline", "sequence": "water", "plane": "axial", "position": 140},
+         "invalid_arguments", "position is out of range"),
+        ("render_slice", {"visit": "baseline", "sequence": "t2", "plane": "axial"}, "invalid_arguments",
+         "sequence must be one of water, fat, in, opp"),
+        ("render_comparison", {"sequence": "fat", "plane": "oblique"}, "invalid_arguments",
+         "plane must be one of axial, coronal, sagittal"),
+        ("compare_organ_volume", {"organ": 7}, "invalid_arguments", "organ: input should be a valid string"),
+    ],
+)  # fmt: skip
+def test_model_errors_are_ok_false_with_a_usable_message(server, tool, arguments, code, message):
+    response = post(server.url, tool, episode=f"model-errors-{tool}", **arguments)
+    assert response.status_code == 200
+    body = response.json()
+    assert body["ok"] is False and body["error"]["code"] == code
+    assert message in body["text"] and body["text"] == body["error"]["message"]
+    assert "\n" not in body["text"] and "Traceback" not in body["text"]
+
+
+def test_service_errors_use_status_codes(server, dataset):
+    unknown = post(server.url, "list_visits", patient="case9999", episode="svc-1")
+    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "unknown_patient"
+    for patient in ("../../etc/passwd", "case0001/../case0002", "x" * 200, "case\u00e9", "case\x000001"):
+        response = post(server.url, "list_visits", patient=patient, episode="svc-2")
+        assert response.status_code == 422 and response.json()["error"]["code"] == "invalid_request"
+    garbage = httpx.post(f"{server.url}/v1/tools/list_visits", content=b"{not json", timeout=10,
+                         headers={"content-type": "application/json"})  # fmt: skip
+    assert garbage.status_code == 422 and "not valid JSON" in garbage.json()["error"]["message"]
+    missing = httpx.post(f"{server.url}/v1/tools/list_visits", json={"patient_id": "case0001"}, timeout=10)
+    assert missing.status_code == 422 and "episode_id" in missing.json()["error"]["message"]
+    huge = httpx.post(f"{server.url}/v1/tools/list_visits", timeout=10,
+                      json={"episode_id": "svc-3", "patient_id": "case0001", "arguments": {"x": "y" * 100_000}})  # fmt: skip
+    assert huge.status_code == 413
+    for response in (unknown, garbage, missing, huge):
+        assert str(dataset) not in response.text and "Traceback" not in response.text
+
+
+def test_an_episode_is_held_to_its_patient(server):
+    assert post(server.url, "list_visits", patient="case0001", episode="scoped").status_code == 200
+    refused = post(server.url, "list_visits", patient="case0002", episode="scoped")
+    assert refused.status_code == 403 and refused.json()["error"]["code"] == "scope_violation"
+    assert "case0002" not in refused.text
+    assert post(server.url, "get_organ_volume", patient="case0001", episode="scoped", organ="liver",
+                visit="baseline").status_code == 200  # fmt: skip
+    episode = httpx.get(f"{server.url}/v1/episodes/scoped", timeout=10).json()
+    assert episode["patient_id"] == "case0001"
+    assert [c["tool"] for c in episode["calls"]] == ["list_visits", "get_organ_volume"]
+    call = episode["calls"][1]
+    assert call["arguments"] == {"organ": "liver", "visit": "baseline"} and call["status"] == "ok"
+    assert call["http_status"] == 200 and call["latency_ms"] > 0 and len(call["output_digest"]) == 32
+    assert httpx.get(f"{server.url}/v1/episodes/never-seen", timeout=10).status_code == 404
+
+
+def test_every_call_is_audited_including_refused_ones(server):
+    before = len(audit_lines(server))
+    post(server.url, "list_visits", patient="case0003", episode="audited")  # 200
+    post(server.url, "list_visits", patient="case0004", episode="audited")  # 403
+    post(server.url, "list_visits", patient="case9999", episode="audited-2")  # 404
+    post(server.url, "no_such_tool", patient="case0003", episode="audited")  # ok false
+    httpx.post(f"{server.url}/v1/tools/list_visits", json={"patient_id": "case0003"}, timeout=10)  # 422
+    lines = audit_lines(server)[before:]
+    assert [(line["tool"], line["status"], line["http_status"]) for line in lines] == [
+        ("list_visits", "ok", 200),
+        ("list_visits", "scope_violation", 403),
+        ("list_visits", "unknown_patient", 404),
+        ("no_such_tool", "unknown_tool", 200),
+        ("list_visits", "invalid_request", 422),
+    ]
+    assert lines[0]["episode_id"] == "audited" and lines[0]["patient_id"] == "case0003"
+    assert all({"time", "arguments", "latency_ms"} <= set(line) for line in lines)
+
+
+def test_metrics(server):
+    post(server.url, "render_slice", patient="case0005", episode="metered", visit="baseline", sequence="fat",
+         plane="coronal")  # fmt: skip
+    text = httpx.get(f"{server.url}/metrics", timeout=10).text
+    assert 'case_env_tool_calls_total{status="ok",tool="render_slice"}' in text
+    assert 'case_env_tool_latency_seconds_bucket{le="0.5",tool="render_slice"}' in text
+    assert "case_env_calls_in_flight 0.0" in text
+    cache = next(line for line in text.splitlines() if line.startswith("case_env_cache_bytes "))
+    assert float(cache.split()[1]) > 1e6
+    live = next(line for line in text.splitlines() if line.startswith("case_env_episodes_live "))
+    assert float(live.split()[1]) >= 1
+
+
+def test_openapi_is_valid_and_complete(server):
+    spec = httpx.get(f"{server.url}/openapi.json", timeout=10).json()
+    validate(spec)
+    assert {
+        "/v1/tools",
+        "/v1/tools/{name}",
+        "/v1/episodes/{episode_id}",
+        "/healthz",
+        "/readyz",
+        "/metrics",
+    } <= set(spec["paths"])
+    schemas = spec["components"]["schemas"]
+    for model in ("ToolCallRequest", "ToolCallResponse", "ImagePayload", "ErrorInfo", "ErrorResponse", "ToolsResponse",
+                  "EpisodeResponse", "CallRecord", "ReadyResponse"):  # fmt: skip
+        assert model in schemas, model
+    assert schemas["ToolCallRequest"]["properties"]["episode_id"]["description"]
+    responses = spec["paths"]["/v1/tools/{name}"]["post"]["responses"]
+    assert {"200", "401", "403", "404", "422", "429", "503", "504"} <= set(responses)
+
+
+def test_tool_listing(server):
+    listing = httpx.get(f"{server.url}/v1/tools", timeout=10).json()
+    tools = {t["name"]: t for t in listing["tools"]}
+    assert set(tools) == {"list_visits", "get_organ_volume", "compare_organ_volume", "render_slice",
+                          "render_comparison", "read_report", "get_clinical_context"}  # fmt: skip
+    assert tools["list_visits"]["personas"] == ["anatomist", "radiologist", "consultant"]
+    assert tools["compare_organ_volume"]["personas"] == ["anatomist"]
+    assert tools["render_comparison"]["personas"] == ["radiologist"]
+    assert tools["read_report"]["personas"] == ["consultant"]
+    assert tools["get_organ_volume"]["personas"] == ["anatomist", "consultant"]
+    assert tools["render_slice"]["personas"] == ["anatomist", "radiologist"]
+    for tool in tools.values():
+        function = tool["schema"]["function"]
+        assert tool["schema"]["type"] == "function" and len(function["description"]) > 60
+        for prop in function["parameters"]["properties"].values():
+            assert set(prop) <= {"type", "description", "enum"} and prop["description"]
+            assert prop["type"] in ("string", "number", "integer", "boolean")
+        assert "patient_id" not in function["parameters"]["properties"]
+    render = tools["render_slice"]["schema"]["function"]["parameters"]
+    assert render["required"] == ["visit", "sequence", "plane"]
+    assert render["properties"]["sequence"]["enum"] == ["water", "fat", "in", "opp"]
+    assert len(listing["schema_version"]) == 12
+
+
+def test_auth(dataset, tmp_path):
+    token = "tok-" + "s3cret" * 4
+    with live_server(dataset, tmp_path, token=token) as live:
+        good = {"Authorization": f"Bearer {token}"}
+        assert post(live.url, "list_visits", episode="a1").status_code == 401
+        denied = post(live.url, "list_visits", episode="a1", headers={"Authorization": "Bearer wrong"})
+        assert denied.status_code == 401 and denied.headers["www-authenticate"] == "Bearer"
+        assert denied.json()["error"]["code"] == "unauthorized"
+        assert (
+            post(live.url, "list_visits", episode="a1", headers={"Authorization": token}).status_code == 401
+        )
+        assert post(live.url, "list_visits", episode="a1", headers=good).status_code == 200
+        for path in ("/v1/tools", "/v1/episodes/a1", "/metrics"):
+            assert httpx.get(live.url + path, timeout=10).status_code == 401
+            assert httpx.get(live.url + path, headers=good, timeout=10).status_code == 200
+        for path in ("/healthz", "/readyz"):
+            assert httpx.get(live.url + path, timeout=10).status_code == 200
+        audit = (tmp_path / "audit.jsonl").read_text()
+    assert token not in audit and "s3cret" not in audit
+    statuses = [json.loads(line)["http_status"] for line in audit.splitlines()]
+    assert statuses == [401, 401, 401, 200]
+
+
+def test_overload_answers_429_with_retry_after(dataset, tmp_path):
+    with live_server(dataset, tmp_path, tool_specs=WITH_SLOW, max_in_flight=2) as live:
+
+        def one(n: int) -> httpx.Response:
+            return post(live.url, "slow_tool", episode=f"load-{n}", seconds=1.0)
+
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            responses = list(pool.map(one, range(8)))
+        statuses = sorted(r.status_code for r in responses)
+        assert statuses.count(200) >= 2 and statuses.count(429) >= 4 and set(statuses) <= {200, 429}
+        for response in responses:
+            if response.status_code == 429:
+                assert response.headers["retry-after"] == "1"
+                assert response.json()["error"]["code"] == "overloaded"
+        assert post(live.url, "slow_tool", episode="after", seconds=0.0).status_code == 200
+
+
+def test_a_slow_call_hits_the_deadline(dataset, tmp_path):
+    with live_server(dataset, tmp_path, tool_specs=WITH_SLOW, tool_deadline_s=0.3) as live:
+        started = time.monotonic()
+        response = post(live.url, "slow_tool", episode="slow", seconds=2.0)
+        assert time.monotonic() - started < 1.5
+        assert response.status_code == 504
+        assert response.json()["error"] == {
+            "code": "deadline_exceeded",
+            "message": "the call took longer than 0.3 s",
+        }
+        assert post(live.url, "list_visits", episode="fast").status_code == 200
+        episode = httpx.get(f"{live.url}/v1/episodes/slow", timeout=10).json()
+        assert (
+            episode["calls"][0]["status"] == "deadline_exceeded" and episode["calls"][0]["http_status"] == 504
+        )
+
+
+def test_not_ready_without_patients(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with live_server(empty, tmp_path) as live:
+        ready = httpx.get(f"{live.url}/readyz", timeout=10)
+        assert ready.status_code == 503 and ready.json()["reason"] == "the data root holds no patients"
+        response = post(live.url, "list_visits")
+        assert response.status_code == 503 and response.json()["error"]["code"] == "not_ready"
+        assert response.headers["retry-after"] == "1"
+        assert httpx.get(f"{live.url}/healthz", timeout=10).status_code == 200
+
+
+def test_unreadable_data_fails_for_that_patient_only(dataset, tmp_path):
+    root = copy_patient(dataset, tmp_path / "root")
+    shutil.copytree(dataset / "sub-0002", root / "sub-0002")
+    for base in (layout.SEGMENTATIONS, layout.REPORTS):
+        shutil.copytree(dataset / base / "sub-0002", root / base / "sub-0002")
+    (root / layout.PARTICIPANTS).write_text((dataset / layout.PARTICIPANTS).read_text())
+    path = root / layout.channel_image(SUB, "ses-01", "fat")
+    path.write_bytes(path.read_bytes()[:1000])
+    with live_server(root, tmp_path) as live:
+        broken = post(live.url, "render_slice", episode="b1", visit="baseline", sequence="fat", plane="axial")
+        assert broken.status_code == 503 and broken.json()["error"]["code"] == "data_unavailable"
+        assert str(root) not in broken.text and ".nii" not in broken.text
+        fine = post(live.url, "render_slice", patient="case0002", episode="b2", visit="baseline", sequence="fat",
+                    plane="axial")  # fmt: skip
+        assert fine.status_code == 200 and fine.json()["ok"]
+        same_patient = post(live.url, "get_organ_volume", episode="b1", organ="liver", visit="baseline")
+        assert same_patient.status_code == 200  # the volumes table does not need the broken image
+
+
+def test_episodes_expire_when_idle(dataset, tmp_path):
+    with live_server(dataset, tmp_path, episode_idle_s=0.4) as live:
+        assert post(live.url, "list_visits", episode="brief").status_code == 200
+        time.sleep(1.2)
+        assert httpx.get(f"{live.url}/v1/episodes/brief", timeout=10).status_code == 404
+        assert post(live.url, "list_visits", patient="case0002", episode="brief").status_code == 200
+
+
+def test_episode_memory_is_bounded(tmp_path):
+    store = EpisodeStore(None, idle_s=100.0, max_episodes=3, max_calls=4)
+    for n in range(6):
+        store.bind(f"e{n}", "case0001", now=1000.0 + n)
+    for n in range(10):
+        store.record("e5", Call("list_visits", {"n": n}, "ok", 200, 1.0, None), now=1006.0 + n / 10)
+    assert store.sweep(now=1010.0) == 3 and store.live() == 3  # over the cap: the least recent go
+    assert store.get("e0") is None and store.get("e5") is not None
+    kept = store.get("e5")
+    assert kept["calls_total"] == 10 and [c["arguments"]["n"] for c in kept["calls"]] == [6, 7, 8, 9]
+    assert store.sweep(now=1200.0) == 3 and store.live() == 0  # idle past 100 s
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _serve(dataset: Path, tmp: Path, *args: str, token: str | None = None) -> subprocess.Popen:
+    env = {**os.environ, "CASE_ENV_CACHE_DIR": str(tmp / "cache")}
+    env.pop("CASE_ENV_TOKEN", None)
+    if token:
+        env["CASE_ENV_TOKEN"] = token
+    return subprocess.Popen([sys.executable, "-m", "case_env.cli", "serve", "--data-root", str(dataset), *args],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+
+def _wait_healthy(url: str, process: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        assert process.poll() is None, process.stderr.read()
+        try:
+            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            time.sleep(0.1)
+    raise AssertionError("server did not come up")
+
+
+def test_serve_refuses_an_exposed_address_without_a_token(dataset, tmp_path):
+    process = _serve(dataset, tmp_path, "--host", "0.0.0.0", "--port", str(_free_port()))
+    _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 2
+    assert "refusing to listen on 0.0.0.0 without a token" in stderr and "Traceback" not in stderr
+
+
+def test_serve_runs_the_real_command(dataset, tmp_path):
+    port = _free_port()
+    token = "serve-token-123"
+    process = _serve(dataset, tmp_path, "--host", "0.0.0.0", "--port", str(port), "--audit-log",
+                     str(tmp_path / "audit.jsonl"), token=token)  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{port}"
+        _wait_healthy(url, process)
+        response = post(url, "get_organ_volume", episode="cli", headers={"Authorization": f"Bearer {token}"},
+                        organ="spleen", visit="follow_up")  # fmt: skip
+        assert response.status_code == 200 and response.json()["ok"]
+        assert (
+            post(url, "get_organ_volume", episode="cli", organ="spleen", visit="follow_up").status_code == 401
+        )
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    assert len((tmp_path / "audit.jsonl").read_text().splitlines()) == 2
+
+
+def test_workers_share_episodes_and_metrics(dataset, tmp_path):
+    port = _free_port()
+    process = _serve(dataset, tmp_path, "--port", str(port), "--workers", "2")
+    try:
+        url = f"http://127.0.0.1:{port}"
+        _wait_healthy(url, process)
+        assert post(url, "list_visits", episode="shared").status_code == 200
+        # Fresh connections spread over both workers; every one must know the binding.
+        refused = [
+            post(url, "list_visits", patient="case0002", episode="shared").status_code for _ in range(12)
+        ]
+        assert refused == [403] * 12
+        metrics = httpx.get(f"{url}/metrics", timeout=10).text
+        assert 'case_env_tool_calls_total{status="scope_violation",tool="list_visits"} 12.0' in metrics
+        assert httpx.get(f"{url}/v1/episodes/shared", timeout=10).json()["calls_total"] == 1
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
