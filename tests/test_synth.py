@@ -130,12 +130,13 @@ def full_profile_patient(tmp_path_factory) -> Path:
     return root
 
 
-def test_profiles_agree_within_two_percent(dataset, full_profile_patient):
+def test_profiles_agree(dataset, full_profile_patient):
+    # The issue asks for 2 %; the volume-preserving downsampling gives well under 0.5 %.
     for ses in SESSIONS:
         for organ in SOLID_ORGANS:
             ci = volume(dataset, "sub-0001", ses, organ)
             full = volume(full_profile_patient, "sub-0001", ses, organ)
-            assert abs(ci / full - 1) < 0.02, (ses, organ, ci, full)
+            assert abs(ci / full - 1) < 0.005, (ses, organ, ci, full)
     import nibabel as nib
 
     img = nib.load(full_profile_patient / layout.channel_image("sub-0001", "ses-01", "water"))

@@ -133,11 +133,11 @@ def _blocks(a: np.ndarray, factor: int) -> list[np.ndarray]:
 def downsample_labels(labels: np.ndarray, factor: int) -> np.ndarray:
     """Labels on a grid `factor` times coarser that keep every label's volume.
 
-    A plain majority vote shrinks convex organs (a boundary voxel of a curved surface is more often under
-    half inside than over), by 1-3 % for a heart or pancreas at 4.5 mm. So each label has a quota, its
-    sub-voxel count divided by factor**3 (its exact volume): boundary voxels first take their plurality
-    label, then labels short of their quota take back the voxels where they have the largest share from
-    labels above theirs.
+    A majority vote shrinks convex organs (a boundary voxel of a curved surface is more often under half
+    inside than over): 1-3 % for a heart or pancreas at 4.5 mm, more for a gallbladder. Instead, boundary
+    voxels are labelled by multi-class error diffusion: walking the boundary in memory order, each voxel
+    takes the label maximising (its share here + that label's running shortfall), so every label's voxel
+    count stays within about one voxel of its exact sub-voxel volume, and voxels go where shares are high.
     """
     if factor == 1:
         return labels
@@ -151,9 +151,7 @@ def downsample_labels(labels: np.ndarray, factor: int) -> np.ndarray:
     m = where[0].size
     if m == 0:
         return out
-    quota = np.rint(np.bincount(labels.ravel(order="K"), minlength=256) / n_sub).astype(np.int64)
-
-    # One entry per (boundary voxel, label present in it) with the label's sub-voxel count.
+    # One entry per (boundary voxel, label present in it) with the label's sub-voxel count, voxel-major.
     values = np.sort(np.stack([sub[where] for sub in subs]), axis=0)  # (n_sub, m)
     starts = np.ones(values.shape, bool)
     starts[1:] = values[1:] != values[:-1]
@@ -162,35 +160,24 @@ def downsample_labels(labels: np.ndarray, factor: int) -> np.ndarray:
     row, voxel = row[order], voxel[order]
     next_row = np.append(row[1:], n_sub)
     next_row[np.append(voxel[1:] != voxel[:-1], True)] = n_sub
-    count = next_row - row
-    label = values[row, voxel].astype(np.int64)
-    tiebreak = (voxel.astype(np.uint64) * np.uint64(2654435761)) % np.uint64(1 << 32)  # fixed, unbiased order
+    share = ((next_row - row) / n_sub).tolist()
+    label = values[row, voxel].tolist()
+    bounds = np.flatnonzero(np.append(True, voxel[1:] != voxel[:-1])).tolist() + [len(label)]
 
-    by_share = np.lexsort((tiebreak, -count, voxel))  # per voxel: largest share first
-    first = np.ones(by_share.size, bool)
-    first[1:] = voxel[by_share][1:] != voxel[by_share][:-1]
-    assigned = np.empty(m, np.int64)
-    assigned[voxel[by_share][first]] = label[by_share][first]
-
-    held = np.bincount(out[~mixed], minlength=256) + np.bincount(assigned, minlength=256)
-    for _ in range(3):
-        short = np.flatnonzero(quota > held)
-        if short.size == 0:
-            break
-        for lab in short[np.argsort(held[short] - quota[short])]:
-            candidates = np.flatnonzero((label == lab) & (assigned[voxel] != lab))
-            candidates = candidates[np.lexsort((tiebreak[candidates], -count[candidates]))]
-            need = int(quota[lab] - held[lab])
-            for j in voxel[candidates].tolist():
-                if need == 0:
-                    break
-                donor = assigned[j]
-                if held[donor] > quota[donor]:
-                    assigned[j] = lab
-                    held[donor] -= 1
-                    held[lab] += 1
-                    need -= 1
-    out[where] = assigned.astype(np.uint8)
+    shortfall = [0.0] * 256
+    assigned = np.empty(m, np.uint8)
+    for j in range(m):
+        lo, hi = bounds[j], bounds[j + 1]
+        best, best_score = label[lo], -1e9
+        for k in range(lo, hi):
+            score = share[k] + shortfall[label[k]]
+            if score > best_score:
+                best, best_score = label[k], score
+        for k in range(lo, hi):
+            shortfall[label[k]] += share[k]
+        shortfall[best] -= 1.0
+        assigned[j] = best
+    out[where] = assigned
     return out
 
 
