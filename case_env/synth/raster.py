@@ -162,7 +162,7 @@ def downsample_labels(labels: np.ndarray, factor: int) -> np.ndarray:
     next_row[np.append(voxel[1:] != voxel[:-1], True)] = n_sub
     share = ((next_row - row) / n_sub).tolist()
     label = values[row, voxel].tolist()
-    bounds = np.flatnonzero(np.append(True, voxel[1:] != voxel[:-1])).tolist() + [len(label)]
+    bounds = [*np.flatnonzero(np.append(True, voxel[1:] != voxel[:-1])).tolist(), len(label)]
 
     shortfall = [0.0] * 256
     assigned = np.empty(m, np.uint8)
