@@ -27,7 +27,11 @@ data_app = typer.Typer(help="Inspect and validate a patient data root.", no_args
 bench_app = typer.Typer(
     help="Benchmarks (figures are ratios and timings measured in one run).", no_args_is_help=True
 )
+bank_app = typer.Typer(
+    help="Build and validate question banks in the CASE parquet schema.", no_args_is_help=True
+)
 app.add_typer(data_app, name="data")
+app.add_typer(bank_app, name="bank")
 app.add_typer(bench_app, name="bench")
 
 KEY_ORGANS = ("liver", "spleen", "pancreas", "left_kidney", "right_kidney", "gallbladder", "stomach", "heart")
@@ -174,6 +178,63 @@ def _print_check(report) -> None:
         typer.echo(f"problem: {problem}", err=True)
     status = "ok" if not report.errors else f"{len(report.errors)} problem(s)"
     typer.echo(f"check: {status}")
+
+
+@bank_app.command("build")
+def bank_build(
+    data_root: Path = typer.Option(..., "--data-root", help="Synthetic data root (needs phantom manifests)."),
+    out: Path = typer.Option(
+        ..., "--out", help="Output directory for train/val/test parquet and patient lists."
+    ),
+    seed: int = typer.Option(0, "--seed", help="Seed of question choice, distractors, letters and splits."),
+    split: str = typer.Option("0.8,0.1,0.1", "--split", help="train,val,test fractions of the patients."),
+) -> None:
+    """Build a multiple-choice question bank from synthetic ground truth."""
+    from case_env.bank.build import build, write
+    from case_env.data.store import PatientStore
+
+    try:
+        fractions = tuple(float(x) for x in split.split(","))
+    except ValueError:
+        fractions = ()
+    if len(fractions) != 3 or any(f < 0 for f in fractions) or abs(sum(fractions) - 1) > 1e-6:
+        _fail(f"--split must be three non-negative fractions summing to 1, not {split!r}", 2)
+    store = PatientStore(data_root)
+    if store.index.errors or not store.patient_ids():
+        for problem in store.index.errors[:10] or ["no patients"]:
+            typer.echo(f"problem: {problem}", err=True)
+        _fail(f"{data_root} is not a usable data root (see `case-env data check`)")
+    result = build(store, seed, fractions)  # type: ignore[arg-type]
+    write(result, out, {"seed": seed, "split": fractions, "data_root": str(store.root)})
+    for line in result.skipped:
+        typer.echo(f"skipped {line}", err=True)
+    typer.echo(
+        f"{'split':6s} {'patients':>8s} " + " ".join(f"{s:>17s}" for s in _SOURCES) + f" {'total':>6s}"
+    )
+    for name, counts in result.counts().items():
+        cells = " ".join(f"{counts.get(s, 0):17d}" for s in _SOURCES)
+        typer.echo(f"{name:6s} {len(result.patients[name]):8d} {cells} {sum(counts.values()):6d}")
+    typer.echo(f"wrote {out}")
+
+
+_SOURCES = ("vista3d_opsd", "medpanel_v2_opsd", "medboard_opsd")
+
+
+@bank_app.command("validate")
+def bank_validate(files: list[Path] = typer.Argument(..., help="Parquet files in the CASE schema.")) -> None:
+    """Check parquet banks: columns, extra_info JSON, ground truth among options, complete tool keys."""
+    from case_env.bank.validate import validate
+
+    failed = False
+    for path in files:
+        result = validate(path)
+        sources = ", ".join(f"{k} {v}" for k, v in sorted(result.by_source.items()))
+        typer.echo(f"{path}: {result.rows} rows, {len(result.by_patient)} patients ({sources})")
+        for problem in result.problems:
+            typer.echo(f"problem: {path.name}: {problem}", err=True)
+        failed |= not result.ok
+    if failed:
+        raise typer.Exit(1)
 
 
 @bench_app.command("data")

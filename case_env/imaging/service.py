@@ -130,6 +130,22 @@ class Imaging:
         return sorted(self.store.volumetry(patient_id, visit))
 
     # -- positions ----------------------------------------------------------------------------------------
+    def _span(
+        self, patient_id: str, visits: list[str], axis: int, organ: str | None, channel: str
+    ) -> tuple[float, float, dict[str, Volume]]:
+        """World-coordinate span (low, high) along an axis: the organ's extent over the visits, or the scan's."""
+        volumes = {v: self.store.image(patient_id, v, channel) for v in visits}
+        spans = []
+        for v in visits:
+            if organ is None:
+                first, last = 0, volumes[v].shape[axis] - 1
+            else:
+                first, last = self.extent(patient_id, v, organ)[axis]
+            spans.append(
+                sorted((_world_along(volumes[v], axis, first), _world_along(volumes[v], axis, last)))
+            )
+        return min(s[0] for s in spans), max(s[1] for s in spans), volumes
+
     def positions(
         self,
         patient_id: str,
@@ -142,16 +158,7 @@ class Imaging:
         """The same millimetre level in each visit: `percent` of the organ's extent (union over the visits)
         or of the whole volume along the plane's axis."""
         axis = AXIS[plane]
-        volumes = {v: self.store.image(patient_id, v, channel) for v in visits}
-        spans = []
-        for v in visits:
-            if organ is None:
-                first, last = 0, volumes[v].shape[axis] - 1
-            else:
-                first, last = self.extent(patient_id, v, organ)[axis]
-            ends = sorted((_world_along(volumes[v], axis, first), _world_along(volumes[v], axis, last)))
-            spans.append(ends)
-        low, high = min(s[0] for s in spans), max(s[1] for s in spans)
+        low, high, volumes = self._span(patient_id, visits, axis, organ, channel)
         mm = low + percent / 100.0 * (high - low)
         out = {}
         for v, volume in volumes.items():
@@ -159,6 +166,13 @@ class Imaging:
             out[v] = SlicePosition(plane, index, volume.shape[axis], round(_world_along(volume, axis, index), 1),
                                    percent, organ)  # fmt: skip
         return out
+
+    def percent_at(
+        self, patient_id: str, visits: list[str], plane: Plane, mm: float, organ: str | None, channel: str
+    ) -> float:
+        """The `position` argument that cuts through world coordinate `mm` (inverse of `positions`)."""
+        low, high, _ = self._span(patient_id, visits, AXIS[plane], organ, channel)
+        return float(np.clip(100.0 * (mm - low) / (high - low), 0.0, 100.0)) if high > low else 50.0
 
     # -- rendering ----------------------------------------------------------------------------------------
     def render(
