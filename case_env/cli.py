@@ -180,6 +180,18 @@ def _print_check(report) -> None:
     typer.echo(f"check: {status}")
 
 
+@app.command("verl-config")
+def verl_config(
+    out: Path = typer.Option(
+        Path("configs/verl/case_tools.yaml"), "--out", help="Where to write the tool YAML."
+    ),
+) -> None:
+    """Write verl's tool config (one CaseTool entry per tool, schemas from the registry)."""
+    from case_env.verl.config import write
+
+    typer.echo(f"wrote {write(out)}")
+
+
 @bank_app.command("build")
 def bank_build(
     data_root: Path = typer.Option(..., "--data-root", help="Synthetic data root (needs phantom manifests)."),

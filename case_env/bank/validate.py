@@ -53,7 +53,7 @@ def _option_letters(options) -> list[str] | None:
     return None
 
 
-def _check_row(i: int, row: dict, tool_names: set[str]) -> list[str]:
+def _check_row(row: dict, tool_names: set[str]) -> list[str]:
     problems = []
     prompt = row.get("prompt")
     if not isinstance(prompt, list) or not prompt or not all(isinstance(m, dict) and "role" in m and "content" in m
@@ -101,7 +101,7 @@ def _check_row(i: int, row: dict, tool_names: set[str]) -> list[str]:
                     f"tools_kwargs lacks tool key(s) {', '.join(absent)} (every row must list every tool)"
                 )
             patients = {v["create_kwargs"].get("patient_id") for v in kwargs.values()
-                        if isinstance(v, dict) and isinstance(v.get("create_kwargs"), dict)}  # fmt: skip
+                        if isinstance(v, dict) and isinstance(v.get("create_kwargs"), dict)} - {None}  # fmt: skip
             if extra.get("patient_id") and patients - {extra["patient_id"]}:
                 problems.append("tools_kwargs name a patient other than extra_info.patient_id")
     selection = extra.get("tool_selection")
@@ -111,7 +111,7 @@ def _check_row(i: int, row: dict, tool_names: set[str]) -> list[str]:
         and (unknown := sorted(set(selection) - set(kwargs)))
     ):
         problems.append(f"tool_selection names tools without tools_kwargs: {', '.join(unknown)}")
-    return [f"row {i}: {p}" for p in problems]
+    return problems
 
 
 def validate(path: Path) -> Validation:
@@ -133,7 +133,9 @@ def validate(path: Path) -> Validation:
         name for e in extras if e and isinstance(e.get("tools_kwargs"), dict) for name in e["tools_kwargs"]
     }
     for i, (row, extra) in enumerate(zip(rows, extras, strict=True)):
-        result.problems += _check_row(i, row, tool_names)
+        reasons = _check_row(row, tool_names)
+        if reasons:  # one message per broken row, with every reason
+            result.problems.append(f"row {i}: " + "; ".join(reasons))
         result.by_source[row.get("data_source") or "?"] += 1
         result.by_patient[(extra or {}).get("patient_id") or "?"] += 1
     return result

@@ -1,0 +1,196 @@
+"""GRPO with multi-turn tools on verl 0.9.1 against a case-env server (used by scripts/train_grpo.sh).
+
+Every override below composes against verl 0.9.1's `ppo_trainer` config (reference: verl-0.9.1.md section
+5): `actor_rollout_ref.rollout.multi_turn.*` for tools, `agent.default_agent_loop=tool_agent`, the reward
+under `reward.custom_reward_function.*` (the legacy top-level keys are ignored by main_ppo), and the CASE
+dataset class for JSON `extra_info`. `--dry-run` composes the whole config with verl's own Hydra files
+and runs verl's `validate_config` on CPU, then exits; nothing is started.
+
+Token budget: tool text is cut at 2048 characters (`max_tool_response_length`, characters not tokens);
+images are never cut and count against `data.max_response_length`: a 448 x 348 slice costs about 200
+Qwen2.5-VL tokens ((448/28) x (348/28)), a 448 x 188 comparison panel about 110, a coronal 202 x 448
+image about 115. With up to 8 assistant turns, 16384 response tokens leave room for about 20 images plus
+reasoning.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+import case_env.reward
+import case_env.verl.dataset as case_dataset
+from case_env.verl.config import DEFAULT_PATH
+
+
+def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    parser = argparse.ArgumentParser(prog="scripts/train_grpo.sh", description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--model", required=True, help="Model path or Hugging Face id (a VL model: tools return images)."
+    )
+    parser.add_argument(
+        "--data", required=True, type=Path, help="Bank directory with train.parquet and val.parquet."
+    )
+    parser.add_argument("--server-url", default="http://127.0.0.1:8000", help="case-env server URL.")
+    parser.add_argument("--gpus", type=int, default=8, help="GPUs per node.")
+    parser.add_argument("--nodes", type=int, default=1, help="Nodes.")
+    parser.add_argument("--data-root", type=Path, default=Path("data/synthetic"),
+                        help="Data root for the server started when none answers at --server-url.")  # fmt: skip
+    parser.add_argument(
+        "--batch-size", type=int, default=64, help="Prompts per step (data.train_batch_size)."
+    )
+    parser.add_argument(
+        "--group-size", type=int, default=8, help="Samples per prompt (GRPO group, rollout.n)."
+    )
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--rollout", default="vllm", choices=["vllm", "sglang"], help="Inference engine.")
+    parser.add_argument("--tool-config", type=Path, default=DEFAULT_PATH, help="verl tool YAML.")
+    parser.add_argument("--experiment", default="case-env-grpo", help="trainer.experiment_name.")
+    parser.add_argument(
+        "--dry-run", action="store_true", help="Compose and validate the config on CPU, then exit."
+    )
+    return parser.parse_known_args(argv)
+
+
+def overrides(args: argparse.Namespace, extra: list[str]) -> list[str]:
+    data = args.data.resolve()
+    mini_batch = max(1, args.batch_size // 4)
+    return [
+        "algorithm.adv_estimator=grpo",
+        f"data.train_files={data / 'train.parquet'}",
+        f"data.val_files={data / 'val.parquet'}",
+        f"data.train_batch_size={args.batch_size}",
+        "data.max_prompt_length=6144",
+        "data.max_response_length=16384",
+        "data.filter_overlong_prompts=True",
+        "data.truncation=error",
+        "data.return_raw_chat=True",
+        "data.return_multi_modal_inputs=False",
+        f"data.custom_cls.path={Path(case_dataset.__file__).resolve()}",
+        "data.custom_cls.name=CaseRLHFDataset",
+        f"actor_rollout_ref.model.path={args.model}",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={mini_batch}",
+        "actor_rollout_ref.actor.use_dynamic_bsz=True",
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=24576",
+        "actor_rollout_ref.actor.use_kl_loss=True",
+        "actor_rollout_ref.actor.kl_loss_coef=0.001",
+        "actor_rollout_ref.actor.optim.lr=1e-6",
+        "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=True",
+        "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True",
+        f"actor_rollout_ref.rollout.name={args.rollout}",
+        "actor_rollout_ref.rollout.mode=async",
+        f"actor_rollout_ref.rollout.n={args.group_size}",
+        "actor_rollout_ref.rollout.multi_turn.enable=True",
+        f"actor_rollout_ref.rollout.multi_turn.tool_config_path={args.tool_config.resolve()}",
+        "actor_rollout_ref.rollout.multi_turn.format=hermes",
+        "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=8",
+        "actor_rollout_ref.rollout.multi_turn.max_user_turns=8",
+        "actor_rollout_ref.rollout.multi_turn.max_parallel_calls=1",
+        "actor_rollout_ref.rollout.multi_turn.max_tool_response_length=2048",
+        "actor_rollout_ref.rollout.agent.num_workers=8",
+        "actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent",
+        "reward.reward_manager.name=naive",
+        f"reward.custom_reward_function.path={Path(case_env.reward.__file__).resolve()}",
+        "reward.custom_reward_function.name=compute_score",
+        f"trainer.n_gpus_per_node={args.gpus}",
+        f"trainer.nnodes={args.nodes}",
+        f"trainer.total_epochs={args.epochs}",
+        "trainer.project_name=case-env",
+        f"trainer.experiment_name={args.experiment}",
+        "trainer.logger=[console]",
+        *extra,
+    ]
+
+
+def compose(items: list[str]):
+    """verl's own ppo_trainer config with our overrides, as main_ppo would see it."""
+    import verl
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    config_dir = str(Path(verl.__file__).parent / "trainer" / "config")
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        return hydra_compose(config_name="ppo_trainer", overrides=items)
+
+
+def check_inputs(args: argparse.Namespace) -> list[str]:
+    problems = []
+    for name in ("train.parquet", "val.parquet"):
+        if not (args.data / name).is_file():
+            problems.append(f"{args.data / name} is missing (run `case-env bank build`)")
+    if not args.tool_config.is_file():
+        problems.append(f"{args.tool_config} is missing (run `case-env verl-config`)")
+    return problems
+
+
+def dry_run(args: argparse.Namespace, extra: list[str]) -> int:
+    from omegaconf import OmegaConf
+    from verl.trainer.main_ppo import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    config = compose(overrides(args, extra))
+    validate_config(
+        config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config)
+    )
+    rollout = config.actor_rollout_ref.rollout
+    print(OmegaConf.to_yaml(OmegaConf.masked_copy(config, ["algorithm", "reward"])), end="")
+    print(
+        f"rollout: {rollout.name} n={rollout.n} multi_turn.tool_config_path={rollout.multi_turn.tool_config_path}"
+    )
+    print(f"agent loop: {rollout.agent.default_agent_loop}; data: {config.data.train_files}")
+    print(f"dry run: config composed and validated ({len(overrides(args, extra))} overrides)")
+    return 0
+
+
+def _reachable(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/healthz", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def ensure_server(args: argparse.Namespace) -> subprocess.Popen | None:
+    """Start `case-env serve` when nothing answers at the URL; None when one is already running."""
+    if _reachable(args.server_url):
+        return None
+    port = httpx.URL(args.server_url).port or 8000
+    process = subprocess.Popen([sys.executable, "-m", "case_env.cli", "serve", "--data-root", str(args.data_root),
+                                "--port", str(port), "--workers", "2"])  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not _reachable(args.server_url):
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.terminate()
+            raise SystemExit(f"case-env server did not start at {args.server_url}")
+        time.sleep(0.5)
+    return process
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, extra = parse(sys.argv[1:] if argv is None else argv)
+    problems = check_inputs(args)
+    if problems:
+        for problem in problems:
+            print(f"error: {problem}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        return dry_run(args, extra)
+    server = ensure_server(args)
+    env = {**os.environ, "CASE_ENV_URL": args.server_url}
+    try:
+        return subprocess.call(
+            [sys.executable, "-m", "verl.trainer.main_ppo", *overrides(args, extra)], env=env
+        )
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait(timeout=60)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

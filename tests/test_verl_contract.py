@@ -1,0 +1,237 @@
+"""Contract tests against verl 0.9.1's real classes on CPU: tool YAML loading, RLHFDataset, ToolAgentLoop
+with many concurrent trajectories of every persona against the live server, tool images into the model
+input, rewards from verl's own reward manager, and the adapter's timeouts and retries."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+from verl import DataProto
+from verl.experimental.reward_loop.reward_manager.naive import NaiveRewardManager
+from verl.tools.schemas import OpenAIFunctionToolSchema
+from verl.tools.tool_registry import load_all_tools
+from verl.trainer.ppo.reward import get_custom_reward_fn
+from verl.utils.dataset.rl_dataset import RLHFDataset
+
+import case_env.reward
+from case_env.bank.build import build, write
+from case_env.data.store import PatientStore
+from case_env.tooling import load_tools
+from case_env.verl import CaseTool
+from case_env.verl.config import DEFAULT_PATH, render
+from case_env.verl.dataset import CaseRLHFDataset
+from tests.server_harness import live_server
+from tests.test_server_api import WITH_SLOW
+from tests.verl_harness import (
+    ScriptedModel,
+    build_processor,
+    build_tokenizer,
+    loop_config,
+    make_loop,
+    tool_call,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def bank(dataset, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("bank")
+    write(build(PatientStore(dataset), seed=3, fractions=(0.8, 0.1, 0.1)), out, {"seed": 3})
+    return out
+
+
+@pytest.fixture(scope="module")
+def server(dataset, tmp_path_factory):
+    with live_server(dataset, tmp_path_factory.mktemp("verl-server")) as live:
+        yield live
+
+
+def test_the_checked_in_tool_yaml_matches_the_registry():
+    assert (REPO / DEFAULT_PATH).read_text() == render(), "run `case-env verl-config` and commit the result"
+
+
+def test_verl_loads_one_case_tool_per_registry_tool(monkeypatch):
+    monkeypatch.setenv("CASE_ENV_URL", "http://127.0.0.1:9")  # nothing listens: construction must not connect
+    tools = load_all_tools(tool_config_path=str(REPO / DEFAULT_PATH), function_tool_path=None)
+    assert sorted(t.name for t in tools) == sorted(load_tools())
+    assert all(isinstance(t, CaseTool) for t in tools)
+    assert tools[0].settings.base_url == "http://127.0.0.1:9" and tools[0].settings.retries == 4
+    for tool in tools:
+        assert tool.get_openai_tool_schema().model_dump(exclude_none=True)["function"]["name"] == tool.name
+
+
+def dataset_config(**extra):
+    return OmegaConf.create({"prompt_key": "prompt", "max_prompt_length": 16384, "filter_overlong_prompts": False,
+                             "return_raw_chat": True, "truncation": "error", **extra})  # fmt: skip
+
+
+def test_bank_rows_load_through_rlhf_dataset_with_tool_kwargs_intact(bank):
+    data = CaseRLHFDataset(data_files=[str(bank / "train.parquet")], tokenizer=build_tokenizer(),
+                           config=dataset_config(), processor=None)  # fmt: skip
+    assert isinstance(data, RLHFDataset) and len(data) > 20
+    tools = set(load_tools())
+    for i in range(len(data)):
+        item = data[i]
+        extra = item["extra_info"]
+        assert item["agent_name"] == "tool_agent" and item["index"] == extra["index"]
+        assert set(item["tools_kwargs"]) == tools
+        assert {v["create_kwargs"]["patient_id"] for v in item["tools_kwargs"].values()} == {
+            extra["patient_id"]
+        }
+        assert [m["role"] for m in item["raw_prompt"]] == ["system", "user"]
+        assert item["reward_model"]["ground_truth"] == extra["ground_truth"]
+        assert set(extra["tool_selection"]) <= tools
+
+
+def _rows(bank: Path, per_source: int) -> list[dict]:
+    data = CaseRLHFDataset(data_files=[str(bank / "train.parquet")], tokenizer=build_tokenizer(),
+                           config=dataset_config(), processor=None)  # fmt: skip
+    chosen: dict[str, list] = {}
+    for i in range(len(data)):
+        item = data[i]
+        bucket = chosen.setdefault(item["data_source"], [])
+        if len(bucket) < per_source:
+            bucket.append(item)
+    assert set(chosen) == {"vista3d_opsd", "medpanel_v2_opsd", "medboard_opsd"}
+    return [item for items in chosen.values() for item in items]
+
+
+def _script(item: dict, correct: bool) -> list[str]:
+    extra = item["extra_info"]
+    calls = [tool_call("list_visits", {})] + [tool_call(e["tool"], e["arguments"]) for e in extra["evidence"]]
+    letter = extra["ground_truth"] if correct else "ABCD"[("ABCD".index(extra["ground_truth"]) + 1) % 4]
+    return [*calls, f"The evidence points to option {letter}.\n<answer>{letter}</answer>"]
+
+
+async def _score(tokenizer, outputs, items) -> list[dict]:
+    config = OmegaConf.create({"reward": {"custom_reward_function": {"path": case_env.reward.__file__,
+                                                                     "name": "compute_score"}}})  # fmt: skip
+    manager = NaiveRewardManager(config, tokenizer, get_custom_reward_fn(config))
+    results = []
+    for out, item in zip(outputs, items, strict=True):
+        response = torch.tensor([out.response_ids])
+        prompt = torch.tensor([out.prompt_ids])
+        mask = torch.ones(1, prompt.shape[1] + response.shape[1], dtype=torch.long)
+        data = DataProto.from_dict(
+            tensors={"responses": response, "prompts": prompt, "attention_mask": mask},
+            non_tensors={"data_source": np.array([item["data_source"]], dtype=object),
+                         "reward_model": np.array([item["reward_model"]], dtype=object),
+                         "extra_info": np.array([item["extra_info"]], dtype=object),
+                         "tool_extra_fields": np.array([out.extra_fields], dtype=object)},
+        )  # fmt: skip
+        results.append(await manager.run_single(data))
+    return results
+
+
+def test_concurrent_trajectories_of_every_persona(bank, server, dataset, monkeypatch):
+    monkeypatch.setenv("CASE_ENV_URL", server.url)
+    tools = load_all_tools(tool_config_path=str(REPO / DEFAULT_PATH), function_tool_path=None)
+    items = _rows(bank, per_source=12)
+    assert len(items) >= 32
+    store = PatientStore(dataset)
+    dates = {pid: store.patient(pid).visits[0].acq_date.isoformat() for pid in store.patient_ids()}
+
+    async def one(i: int, item: dict):
+        script = _script(item, correct=i % 2 == 0)
+        tokenizer = build_tokenizer()
+        model = ScriptedModel(tokenizer, lambda text, images, turn: script[turn])
+        loop = make_loop(
+            tools, model, processor=build_processor(tokenizer), config=loop_config(max_turns=len(script))
+        )
+        out = await loop.run(sampling_params={}, raw_prompt=item["raw_prompt"], tools_kwargs=item["tools_kwargs"],
+                             extra_info=item["extra_info"], index=item["index"])  # fmt: skip
+        return out, model, tokenizer
+
+    async def run_all():
+        results = await asyncio.gather(*[one(i, item) for i, item in enumerate(items)])
+        scores = await _score(build_tokenizer(), [r[0] for r in results], items)
+        return results, scores
+
+    results, scores = asyncio.run(run_all())
+    for i, ((out, model, _), item, score) in enumerate(zip(results, items, scores, strict=True)):
+        patient = item["extra_info"]["patient_id"]
+        seen = "\n".join(model.prompts[1:])
+        assert dates[patient] in seen  # its own visits came back ...
+        assert not [p for p, d in dates.items() if p != patient and d in seen]  # ... and no one else's
+        calls = out.extra_fields["case_env_tool_calls"]
+        assert len(calls) == len(item["extra_info"]["evidence"]) + 1
+        assert not any(c["infra_error"] for c in calls)
+        # Evidence calls succeed, except a claim's check of an organ the segmentation lacks (by design).
+        assert all(
+            c["status"] == "ok"
+            or (c["status"] == "unknown_organ" and item["extra_info"]["template"] == "claim")
+            for c in calls
+        ), calls
+        assert score["reward_score"] == (1.0 if i % 2 == 0 else 0.0)
+        assert set(score["reward_extra_info"]) == {"score", "acc", "pred", "format_ok"}
+        if item["data_source"] == "medpanel_v2_opsd":
+            assert max(model.images) >= 1 and max(model.image_pads) > 0  # tool images reached the model input
+            assert len(out.multi_modal_data["images"]) >= 1
+    # One episode per trajectory (verl's request_id), each holding one patient: read from the audit log.
+    patients_by_episode: dict[str, set] = {}
+    for line in server.state.settings.audit_log.read_text().splitlines():
+        record = json.loads(line)
+        patients_by_episode.setdefault(record["episode_id"], set()).add(record["patient_id"])
+    assert len(patients_by_episode) == len(items)
+    assert all(len(p) == 1 for p in patients_by_episode.values())
+    assert sorted(p.pop() for p in patients_by_episode.values()) == sorted(
+        i["extra_info"]["patient_id"] for i in items
+    )
+
+
+def test_a_slow_server_makes_the_adapter_time_out_retry_and_continue(dataset, tmp_path):
+    schema = OpenAIFunctionToolSchema.model_validate(WITH_SLOW["slow_tool"].openai_schema())
+    with live_server(dataset, tmp_path, tool_specs=WITH_SLOW) as live:
+        tool = CaseTool({"type": "native", "base_url": live.url, "timeout_s": 0.3, "retries": 2, "backoff_s": 0.05,
+                         "max_backoff_s": 0.1, "deadline_s": 10}, schema)  # fmt: skip
+        script = [tool_call("slow_tool", {"seconds": 1.0}), "No evidence came back.\n<answer>A</answer>"]
+
+        async def run():
+            tokenizer = build_tokenizer()
+            model = ScriptedModel(tokenizer, lambda text, images, turn: script[turn])
+            loop = make_loop([tool], model)
+            out = await loop.run(sampling_params={}, raw_prompt=[{"role": "user", "content": "q"}],
+                                 tools_kwargs={"slow_tool": {"create_kwargs": {"patient_id": "case0001"}}},
+                                 extra_info={"index": 0})  # fmt: skip
+            return out, model
+
+        out, model = asyncio.run(run())
+        call = out.extra_fields["case_env_tool_calls"][0]
+        assert call["status"] == "timeout" and call["infra_error"] and call["attempts"] == 3
+        assert "did not answer (timeout)" in model.prompts[1]
+        assert len(model.prompts) == 2  # the trajectory went on to its answer
+        deadline = time.monotonic() + 15  # the server finishes the abandoned attempts in its own time
+        while time.monotonic() < deadline:
+            audit = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
+            if len(audit) >= 3:
+                break
+            time.sleep(0.1)
+        assert [a["tool"] for a in audit] == ["slow_tool"] * 3
+
+
+def test_retries_ride_out_overload(dataset, tmp_path):
+    schema = OpenAIFunctionToolSchema.model_validate(WITH_SLOW["slow_tool"].openai_schema())
+    with live_server(dataset, tmp_path, tool_specs=WITH_SLOW, max_in_flight=1) as live:
+        tool = CaseTool({"type": "native", "base_url": live.url, "timeout_s": 5, "retries": 8, "backoff_s": 0.05,
+                         "max_backoff_s": 1.0, "deadline_s": 30}, schema)  # fmt: skip
+
+        async def call(n: int):
+            instance, _ = await tool.create(create_kwargs={"patient_id": "case0001"})
+            response, _, metrics = await tool.execute(instance, {"seconds": 0.3})
+            await tool.release(instance)
+            return response, metrics
+
+        async def run():
+            return await asyncio.gather(*[call(n) for n in range(4)])
+
+        results = asyncio.run(run())
+    assert all(r.text == "slept 0.3 s" and m["status"] == "ok" for r, m in results)
+    assert max(m["attempts"] for _, m in results) > 1  # some were refused with 429 first and retried
