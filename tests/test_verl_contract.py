@@ -27,9 +27,7 @@ from case_env.tooling import load_tools
 from case_env.verl import CaseTool
 from case_env.verl.config import DEFAULT_PATH, render
 from case_env.verl.dataset import CaseRLHFDataset
-from tests.server_harness import live_server
-from tests.test_server_api import WITH_SLOW
-from tests.verl_harness import (
+from case_env.verl.offline import (
     ScriptedModel,
     build_processor,
     build_tokenizer,
@@ -37,6 +35,8 @@ from tests.verl_harness import (
     make_loop,
     tool_call,
 )
+from tests.server_harness import live_server
+from tests.test_server_api import WITH_SLOW
 
 REPO = Path(__file__).resolve().parents[1]
 

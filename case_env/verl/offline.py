@@ -1,7 +1,11 @@
-"""Run verl 0.9.1's real ToolAgentLoop on CPU: an offline byte-level tokenizer with a hermes-style chat
-template, an offline Qwen2-VL processor (image preprocessing only, no weights), and a scripted model that
-answers `generate` calls with prepared assistant turns. Technique after shared/reference/verl_cpu_harness;
-written for this project."""
+"""verl 0.9.1's real ToolAgentLoop on CPU, without a GPU or model weights.
+
+An offline byte-level tokenizer with a hermes-style chat template, an offline Qwen2-VL processor (image
+preprocessing only), and a scripted model standing in for the inference server: each `generate` call is
+answered by a policy that sees the prompt text and the images so far. Used by `make demo` (rollouts of a
+scripted policy) and by the contract tests. Technique after shared/reference/verl_cpu_harness; written for
+this project.
+"""
 
 from __future__ import annotations
 
@@ -121,7 +125,7 @@ class ScriptedModel:
         self.images.append(len(image_data or []))
         self.image_pads.append(list(prompt_ids).count(self.pad))
         turn = self.policy(text, list(image_data or []), len(self.prompts) - 1)
-        ids = self.tokenizer.encode(turn, add_special_tokens=False) + [self.end]
+        ids = [*self.tokenizer.encode(turn, add_special_tokens=False), self.end]
         return TokenOutput(token_ids=ids, log_probs=[0.0] * len(ids), stop_reason="completed")
 
 
