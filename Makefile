@@ -6,7 +6,10 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
+TORCH  := torch==2.13.0  # the CPU wheel on local disk; a plain `torch` requirement pulls a CUDA build
+
 DEMO_ROOT     ?= data/synthetic
+DEMO_BANK     ?= data/bank
 DEMO_PATIENTS ?= 10
 DEMO_PROFILE  ?= ci
 DEMO_SEED     ?= 0
@@ -18,12 +21,15 @@ $(BIN)/python:
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet $(TORCH)
+	$(BIN)/python -m pip install --quiet -e '.[dev,verl]'
 	touch $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/case-env synth --out $(DEMO_ROOT) --patients $(DEMO_PATIENTS) --profile $(DEMO_PROFILE) --seed $(DEMO_SEED)
 	$(BIN)/case-env data check $(DEMO_ROOT)
+	$(BIN)/case-env bank build --data-root $(DEMO_ROOT) --out $(DEMO_BANK) --seed $(DEMO_SEED)
+	$(BIN)/case-env rollouts --bank $(DEMO_BANK) --split train --data-root $(DEMO_ROOT) --per-source 8
 
 test: $(STAMP) lint
 	$(BIN)/python -m pytest

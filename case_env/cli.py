@@ -192,6 +192,40 @@ def verl_config(
     typer.echo(f"wrote {write(out)}")
 
 
+@app.command()
+def rollouts(
+    bank: Path = typer.Option(Path("data/bank"), "--bank", help="Bank directory (uses test.parquet)."),
+    split: str = typer.Option("test", "--split", help="Which split's questions to roll out."),
+    server_url: str = typer.Option(
+        "http://127.0.0.1:8765", "--server-url", help="case-env server (started if absent)."
+    ),
+    data_root: Path = typer.Option(
+        Path("data/synthetic"), "--data-root", help="Data root for a started server."
+    ),
+    per_source: int = typer.Option(8, "--per-source", min=1, help="Questions per data source."),
+    concurrency: int = typer.Option(8, "--concurrency", min=1, help="Trajectories in flight."),
+) -> None:
+    """Scripted-policy rollouts through verl's ToolAgentLoop, scored by verl's reward manager (needs verl)."""
+    from case_env.server.control import ensure_server, stop
+    from case_env.verl.rollouts import run_rollouts
+
+    parquet = bank / f"{split}.parquet"
+    if not parquet.is_file():
+        _fail(f"{parquet} is missing (run `case-env bank build`)", 2)
+    server = ensure_server(server_url, data_root)
+    try:
+        summary = run_rollouts(parquet, server_url, per_source, concurrency)
+    finally:
+        stop(server)
+    typer.echo(
+        f"{'data source':18s} {'n':>4s} {'mean reward':>12s} {'format ok':>10s} {'tool calls':>11s} {'infra errors':>13s}"
+    )
+    for source, s in summary.items():
+        if s.n:
+            typer.echo(f"{source:18s} {s.n:4d} {s.reward / s.n:12.2f} {s.format_ok / s.n:10.2f} "
+                       f"{s.tool_calls / s.n:11.1f} {s.infra_errors:13d}")  # fmt: skip
+
+
 @bank_app.command("build")
 def bank_build(
     data_root: Path = typer.Option(..., "--data-root", help="Synthetic data root (needs phantom manifests)."),

@@ -35,8 +35,14 @@ def _slow(ctx, args: SlowArgs) -> ToolResult:
     return ToolResult(f"slept {args.seconds} s")
 
 
-SLOW = ToolSpec("slow_tool", "Takes a while.", (Persona.ANATOMIST,), SlowArgs, _slow,
-                function_parameters("slow_tool", SlowArgs))  # fmt: skip
+SLOW = ToolSpec(
+    "slow_tool",
+    "Takes a while.",
+    (Persona.ANATOMIST,),
+    SlowArgs,
+    _slow,
+    function_parameters("slow_tool", SlowArgs),
+)
 WITH_SLOW = {**load_tools(), "slow_tool": SLOW}
 
 
@@ -59,23 +65,52 @@ def audit_lines(server) -> list[dict]:
 @pytest.mark.parametrize(
     ("tool", "arguments", "code", "message"),
     [
-        ("no_such_tool", {}, "unknown_tool", "unknown tool 'no_such_tool'; available tools: compare_organ_volume"),
-        ("get_organ_volume", {"organ": "liver", "visit": "ses-01"}, "invalid_arguments",
-         "visit must be one of baseline, follow_up, not 'ses-01'"),
+        (
+            "no_such_tool",
+            {},
+            "unknown_tool",
+            "unknown tool 'no_such_tool'; available tools: compare_organ_volume",
+        ),
+        (
+            "get_organ_volume",
+            {"organ": "liver", "visit": "ses-01"},
+            "invalid_arguments",
+            "visit must be one of baseline, follow_up, not 'ses-01'",
+        ),
         ("get_organ_volume", {"visit": "baseline"}, "invalid_arguments", "missing argument 'organ'"),
-        ("get_organ_volume", {"organ": "liver", "visit": "baseline", "patient_id": "case0002"}, "invalid_arguments",
-         "unknown argument 'patient_id' (valid arguments: organ, visit)"),
-        ("get_organ_volume", {"organ": "brain", "visit": "baseline"}, "unknown_organ",
-         "organ 'brain' is not segmented for this patient at baseline; available: liver, spleen"),
-        ("render_slice", {"visit": "baseline", "sequence": "water", "plane": "axial", "position": 140},
-         "invalid_arguments", "position is out of range"),
-        ("render_slice", {"visit": "baseline", "sequence": "t2", "plane": "axial"}, "invalid_arguments",
-         "sequence must be one of water, fat, in, opp"),
-        ("render_comparison", {"sequence": "fat", "plane": "oblique"}, "invalid_arguments",
-         "plane must be one of axial, coronal, sagittal"),
+        (
+            "get_organ_volume",
+            {"organ": "liver", "visit": "baseline", "patient_id": "case0002"},
+            "invalid_arguments",
+            "unknown argument 'patient_id' (valid arguments: organ, visit)",
+        ),
+        (
+            "get_organ_volume",
+            {"organ": "brain", "visit": "baseline"},
+            "unknown_organ",
+            "organ 'brain' is not segmented for this patient at baseline; available: liver, spleen",
+        ),
+        (
+            "render_slice",
+            {"visit": "baseline", "sequence": "water", "plane": "axial", "position": 140},
+            "invalid_arguments",
+            "position is out of range",
+        ),
+        (
+            "render_slice",
+            {"visit": "baseline", "sequence": "t2", "plane": "axial"},
+            "invalid_arguments",
+            "sequence must be one of water, fat, in, opp",
+        ),
+        (
+            "render_comparison",
+            {"sequence": "fat", "plane": "oblique"},
+            "invalid_arguments",
+            "plane must be one of axial, coronal, sagittal",
+        ),
         ("compare_organ_volume", {"organ": 7}, "invalid_arguments", "organ: input should be a valid string"),
     ],
-)  # fmt: skip
+)
 def test_model_errors_are_ok_false_with_a_usable_message(server, tool, arguments, code, message):
     response = post(server.url, tool, episode=f"model-errors-{tool}", **arguments)
     assert response.status_code == 200
@@ -91,13 +126,20 @@ def test_service_errors_use_status_codes(server, dataset):
     for patient in ("../../etc/passwd", "case0001/../case0002", "x" * 200, "case\u00e9", "case\x000001"):
         response = post(server.url, "list_visits", patient=patient, episode="svc-2")
         assert response.status_code == 422 and response.json()["error"]["code"] == "invalid_request"
-    garbage = httpx.post(f"{server.url}/v1/tools/list_visits", content=b"{not json", timeout=10,
-                         headers={"content-type": "application/json"})  # fmt: skip
+    garbage = httpx.post(
+        f"{server.url}/v1/tools/list_visits",
+        content=b"{not json",
+        timeout=10,
+        headers={"content-type": "application/json"},
+    )
     assert garbage.status_code == 422 and "not valid JSON" in garbage.json()["error"]["message"]
     missing = httpx.post(f"{server.url}/v1/tools/list_visits", json={"patient_id": "case0001"}, timeout=10)
     assert missing.status_code == 422 and "episode_id" in missing.json()["error"]["message"]
-    huge = httpx.post(f"{server.url}/v1/tools/list_visits", timeout=10,
-                      json={"episode_id": "svc-3", "patient_id": "case0001", "arguments": {"x": "y" * 100_000}})  # fmt: skip
+    huge = httpx.post(
+        f"{server.url}/v1/tools/list_visits",
+        timeout=10,
+        json={"episode_id": "svc-3", "patient_id": "case0001", "arguments": {"x": "y" * 100_000}},
+    )
     assert huge.status_code == 413
     for response in (unknown, garbage, missing, huge):
         assert str(dataset) not in response.text and "Traceback" not in response.text
@@ -108,8 +150,17 @@ def test_an_episode_is_held_to_its_patient(server):
     refused = post(server.url, "list_visits", patient="case0002", episode="scoped")
     assert refused.status_code == 403 and refused.json()["error"]["code"] == "scope_violation"
     assert "case0002" not in refused.text
-    assert post(server.url, "get_organ_volume", patient="case0001", episode="scoped", organ="liver",
-                visit="baseline").status_code == 200  # fmt: skip
+    assert (
+        post(
+            server.url,
+            "get_organ_volume",
+            patient="case0001",
+            episode="scoped",
+            organ="liver",
+            visit="baseline",
+        ).status_code
+        == 200
+    )
     episode = httpx.get(f"{server.url}/v1/episodes/scoped", timeout=10).json()
     assert episode["patient_id"] == "case0001"
     assert [c["tool"] for c in episode["calls"]] == ["list_visits", "get_organ_volume"]
@@ -139,8 +190,15 @@ def test_every_call_is_audited_including_refused_ones(server):
 
 
 def test_metrics(server):
-    post(server.url, "render_slice", patient="case0005", episode="metered", visit="baseline", sequence="fat",
-         plane="coronal")  # fmt: skip
+    post(
+        server.url,
+        "render_slice",
+        patient="case0005",
+        episode="metered",
+        visit="baseline",
+        sequence="fat",
+        plane="coronal",
+    )
     text = httpx.get(f"{server.url}/metrics", timeout=10).text
     assert 'case_env_tool_calls_total{status="ok",tool="render_slice"}' in text
     assert 'case_env_tool_latency_seconds_bucket{le="0.5",tool="render_slice"}' in text
@@ -163,8 +221,17 @@ def test_openapi_is_valid_and_complete(server):
         "/metrics",
     } <= set(spec["paths"])
     schemas = spec["components"]["schemas"]
-    for model in ("ToolCallRequest", "ToolCallResponse", "ImagePayload", "ErrorInfo", "ErrorResponse", "ToolsResponse",
-                  "EpisodeResponse", "CallRecord", "ReadyResponse"):  # fmt: skip
+    for model in (
+        "ToolCallRequest",
+        "ToolCallResponse",
+        "ImagePayload",
+        "ErrorInfo",
+        "ErrorResponse",
+        "ToolsResponse",
+        "EpisodeResponse",
+        "CallRecord",
+        "ReadyResponse",
+    ):
         assert model in schemas, model
     assert schemas["ToolCallRequest"]["properties"]["episode_id"]["description"]
     responses = spec["paths"]["/v1/tools/{name}"]["post"]["responses"]
@@ -174,8 +241,15 @@ def test_openapi_is_valid_and_complete(server):
 def test_tool_listing(server):
     listing = httpx.get(f"{server.url}/v1/tools", timeout=10).json()
     tools = {t["name"]: t for t in listing["tools"]}
-    assert set(tools) == {"list_visits", "get_organ_volume", "compare_organ_volume", "render_slice",
-                          "render_comparison", "read_report", "get_clinical_context"}  # fmt: skip
+    assert set(tools) == {
+        "list_visits",
+        "get_organ_volume",
+        "compare_organ_volume",
+        "render_slice",
+        "render_comparison",
+        "read_report",
+        "get_clinical_context",
+    }
     assert tools["list_visits"]["personas"] == ["anatomist", "radiologist", "consultant"]
     assert tools["compare_organ_volume"]["personas"] == ["anatomist"]
     assert tools["render_comparison"]["personas"] == ["radiologist"]
@@ -207,6 +281,9 @@ def test_auth(dataset, tmp_path):
             post(live.url, "list_visits", episode="a1", headers={"Authorization": token}).status_code == 401
         )
         assert post(live.url, "list_visits", episode="a1", headers=good).status_code == 200
+        score = {"data_source": "x", "solution_str": "<answer>B</answer>", "ground_truth": "B"}
+        assert httpx.post(f"{live.url}/v1/score", json=score, timeout=10).status_code == 401
+        assert httpx.post(f"{live.url}/v1/score", json=score, headers=good, timeout=10).json()["score"] == 1.0
         for path in ("/v1/tools", "/v1/episodes/a1", "/metrics"):
             assert httpx.get(live.url + path, timeout=10).status_code == 401
             assert httpx.get(live.url + path, headers=good, timeout=10).status_code == 200
@@ -276,8 +353,15 @@ def test_unreadable_data_fails_for_that_patient_only(dataset, tmp_path):
         broken = post(live.url, "render_slice", episode="b1", visit="baseline", sequence="fat", plane="axial")
         assert broken.status_code == 503 and broken.json()["error"]["code"] == "data_unavailable"
         assert str(root) not in broken.text and ".nii" not in broken.text
-        fine = post(live.url, "render_slice", patient="case0002", episode="b2", visit="baseline", sequence="fat",
-                    plane="axial")  # fmt: skip
+        fine = post(
+            live.url,
+            "render_slice",
+            patient="case0002",
+            episode="b2",
+            visit="baseline",
+            sequence="fat",
+            plane="axial",
+        )
         assert fine.status_code == 200 and fine.json()["ok"]
         same_patient = post(live.url, "get_organ_volume", episode="b1", organ="liver", visit="baseline")
         assert same_patient.status_code == 200  # the volumes table does not need the broken image
@@ -315,8 +399,13 @@ def _serve(dataset: Path, tmp: Path, *args: str, token: str | None = None) -> su
     env.pop("CASE_ENV_TOKEN", None)
     if token:
         env["CASE_ENV_TOKEN"] = token
-    return subprocess.Popen([sys.executable, "-m", "case_env.cli", "serve", "--data-root", str(dataset), *args],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", "case_env.cli", "serve", "--data-root", str(dataset), *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _wait_healthy(url: str, process: subprocess.Popen) -> None:
@@ -341,13 +430,28 @@ def test_serve_refuses_an_exposed_address_without_a_token(dataset, tmp_path):
 def test_serve_runs_the_real_command(dataset, tmp_path):
     port = _free_port()
     token = "serve-token-123"
-    process = _serve(dataset, tmp_path, "--host", "0.0.0.0", "--port", str(port), "--audit-log",
-                     str(tmp_path / "audit.jsonl"), token=token)  # fmt: skip
+    process = _serve(
+        dataset,
+        tmp_path,
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(port),
+        "--audit-log",
+        str(tmp_path / "audit.jsonl"),
+        token=token,
+    )
     try:
         url = f"http://127.0.0.1:{port}"
         _wait_healthy(url, process)
-        response = post(url, "get_organ_volume", episode="cli", headers={"Authorization": f"Bearer {token}"},
-                        organ="spleen", visit="follow_up")  # fmt: skip
+        response = post(
+            url,
+            "get_organ_volume",
+            episode="cli",
+            headers={"Authorization": f"Bearer {token}"},
+            organ="spleen",
+            visit="follow_up",
+        )
         assert response.status_code == 200 and response.json()["ok"]
         assert (
             post(url, "get_organ_volume", episode="cli", organ="spleen", visit="follow_up").status_code == 401
@@ -376,3 +480,16 @@ def test_workers_share_episodes_and_metrics(dataset, tmp_path):
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+def test_score_route_is_the_reward_function(server):
+    from case_env.reward import compute_score
+
+    solution = "I measured it.\n<tool_response>\nAnswer: C\n</tool_response>\nSo the answer is B.\n<answer>B</answer>"
+    for truth in ("B", "C"):
+        body = {"data_source": "vista3d_opsd", "solution_str": solution, "ground_truth": truth}
+        response = httpx.post(f"{server.url}/v1/score", json=body, timeout=10)
+        assert response.status_code == 200
+        assert response.json() == compute_score("vista3d_opsd", solution, truth)
+    bad = httpx.post(f"{server.url}/v1/score", json={"solution_str": "x"}, timeout=10)
+    assert bad.status_code == 422 and bad.json()["error"]["code"] == "invalid_request"

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -69,13 +72,25 @@ def test_verl_loads_one_case_tool_per_registry_tool(monkeypatch):
 
 
 def dataset_config(**extra):
-    return OmegaConf.create({"prompt_key": "prompt", "max_prompt_length": 16384, "filter_overlong_prompts": False,
-                             "return_raw_chat": True, "truncation": "error", **extra})  # fmt: skip
+    return OmegaConf.create(
+        {
+            "prompt_key": "prompt",
+            "max_prompt_length": 16384,
+            "filter_overlong_prompts": False,
+            "return_raw_chat": True,
+            "truncation": "error",
+            **extra,
+        }
+    )
 
 
 def test_bank_rows_load_through_rlhf_dataset_with_tool_kwargs_intact(bank):
-    data = CaseRLHFDataset(data_files=[str(bank / "train.parquet")], tokenizer=build_tokenizer(),
-                           config=dataset_config(), processor=None)  # fmt: skip
+    data = CaseRLHFDataset(
+        data_files=[str(bank / "train.parquet")],
+        tokenizer=build_tokenizer(),
+        config=dataset_config(),
+        processor=None,
+    )
     assert isinstance(data, RLHFDataset) and len(data) > 20
     tools = set(load_tools())
     for i in range(len(data)):
@@ -92,8 +107,12 @@ def test_bank_rows_load_through_rlhf_dataset_with_tool_kwargs_intact(bank):
 
 
 def _rows(bank: Path, per_source: int) -> list[dict]:
-    data = CaseRLHFDataset(data_files=[str(bank / "train.parquet")], tokenizer=build_tokenizer(),
-                           config=dataset_config(), processor=None)  # fmt: skip
+    data = CaseRLHFDataset(
+        data_files=[str(bank / "train.parquet")],
+        tokenizer=build_tokenizer(),
+        config=dataset_config(),
+        processor=None,
+    )
     chosen: dict[str, list] = {}
     for i in range(len(data)):
         item = data[i]
@@ -112,8 +131,9 @@ def _script(item: dict, correct: bool) -> list[str]:
 
 
 async def _score(tokenizer, outputs, items) -> list[dict]:
-    config = OmegaConf.create({"reward": {"custom_reward_function": {"path": case_env.reward.__file__,
-                                                                     "name": "compute_score"}}})  # fmt: skip
+    config = OmegaConf.create(
+        {"reward": {"custom_reward_function": {"path": case_env.reward.__file__, "name": "compute_score"}}}
+    )
     manager = NaiveRewardManager(config, tokenizer, get_custom_reward_fn(config))
     results = []
     for out, item in zip(outputs, items, strict=True):
@@ -122,11 +142,13 @@ async def _score(tokenizer, outputs, items) -> list[dict]:
         mask = torch.ones(1, prompt.shape[1] + response.shape[1], dtype=torch.long)
         data = DataProto.from_dict(
             tensors={"responses": response, "prompts": prompt, "attention_mask": mask},
-            non_tensors={"data_source": np.array([item["data_source"]], dtype=object),
-                         "reward_model": np.array([item["reward_model"]], dtype=object),
-                         "extra_info": np.array([item["extra_info"]], dtype=object),
-                         "tool_extra_fields": np.array([out.extra_fields], dtype=object)},
-        )  # fmt: skip
+            non_tensors={
+                "data_source": np.array([item["data_source"]], dtype=object),
+                "reward_model": np.array([item["reward_model"]], dtype=object),
+                "extra_info": np.array([item["extra_info"]], dtype=object),
+                "tool_extra_fields": np.array([out.extra_fields], dtype=object),
+            },
+        )
         results.append(await manager.run_single(data))
     return results
 
@@ -146,8 +168,13 @@ def test_concurrent_trajectories_of_every_persona(bank, server, dataset, monkeyp
         loop = make_loop(
             tools, model, processor=build_processor(tokenizer), config=loop_config(max_turns=len(script))
         )
-        out = await loop.run(sampling_params={}, raw_prompt=item["raw_prompt"], tools_kwargs=item["tools_kwargs"],
-                             extra_info=item["extra_info"], index=item["index"])  # fmt: skip
+        out = await loop.run(
+            sampling_params={},
+            raw_prompt=item["raw_prompt"],
+            tools_kwargs=item["tools_kwargs"],
+            extra_info=item["extra_info"],
+            index=item["index"],
+        )
         return out, model, tokenizer
 
     async def run_all():
@@ -190,17 +217,30 @@ def test_concurrent_trajectories_of_every_persona(bank, server, dataset, monkeyp
 def test_a_slow_server_makes_the_adapter_time_out_retry_and_continue(dataset, tmp_path):
     schema = OpenAIFunctionToolSchema.model_validate(WITH_SLOW["slow_tool"].openai_schema())
     with live_server(dataset, tmp_path, tool_specs=WITH_SLOW) as live:
-        tool = CaseTool({"type": "native", "base_url": live.url, "timeout_s": 0.3, "retries": 2, "backoff_s": 0.05,
-                         "max_backoff_s": 0.1, "deadline_s": 10}, schema)  # fmt: skip
+        tool = CaseTool(
+            {
+                "type": "native",
+                "base_url": live.url,
+                "timeout_s": 0.3,
+                "retries": 2,
+                "backoff_s": 0.05,
+                "max_backoff_s": 0.1,
+                "deadline_s": 10,
+            },
+            schema,
+        )
         script = [tool_call("slow_tool", {"seconds": 1.0}), "No evidence came back.\n<answer>A</answer>"]
 
         async def run():
             tokenizer = build_tokenizer()
             model = ScriptedModel(tokenizer, lambda text, images, turn: script[turn])
             loop = make_loop([tool], model)
-            out = await loop.run(sampling_params={}, raw_prompt=[{"role": "user", "content": "q"}],
-                                 tools_kwargs={"slow_tool": {"create_kwargs": {"patient_id": "case0001"}}},
-                                 extra_info={"index": 0})  # fmt: skip
+            out = await loop.run(
+                sampling_params={},
+                raw_prompt=[{"role": "user", "content": "q"}],
+                tools_kwargs={"slow_tool": {"create_kwargs": {"patient_id": "case0001"}}},
+                extra_info={"index": 0},
+            )
             return out, model
 
         out, model = asyncio.run(run())
@@ -220,8 +260,18 @@ def test_a_slow_server_makes_the_adapter_time_out_retry_and_continue(dataset, tm
 def test_retries_ride_out_overload(dataset, tmp_path):
     schema = OpenAIFunctionToolSchema.model_validate(WITH_SLOW["slow_tool"].openai_schema())
     with live_server(dataset, tmp_path, tool_specs=WITH_SLOW, max_in_flight=1) as live:
-        tool = CaseTool({"type": "native", "base_url": live.url, "timeout_s": 5, "retries": 8, "backoff_s": 0.05,
-                         "max_backoff_s": 1.0, "deadline_s": 30}, schema)  # fmt: skip
+        tool = CaseTool(
+            {
+                "type": "native",
+                "base_url": live.url,
+                "timeout_s": 5,
+                "retries": 8,
+                "backoff_s": 0.05,
+                "max_backoff_s": 1.0,
+                "deadline_s": 30,
+            },
+            schema,
+        )
 
         async def call(n: int):
             instance, _ = await tool.create(create_kwargs={"patient_id": "case0001"})
@@ -235,3 +285,58 @@ def test_retries_ride_out_overload(dataset, tmp_path):
         results = asyncio.run(run())
     assert all(r.text == "slept 0.3 s" and m["status"] == "ok" for r, m in results)
     assert max(m["attempts"] for _, m in results) > 1  # some were refused with 429 first and retried
+
+
+def test_launch_script_dry_run_composes_verls_config(bank):
+    env = {**os.environ, "PYTHON": sys.executable}
+    result = subprocess.run(
+        [
+            "bash",
+            str(REPO / "scripts/train_grpo.sh"),
+            "--dry-run",
+            "--model",
+            "Qwen/Qwen2.5-VL-7B-Instruct",
+            "--data",
+            str(bank),
+            "--gpus",
+            "8",
+            "trainer.total_training_steps=3",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "dry run: config composed and validated" in result.stdout
+    assert "adv_estimator: grpo" in result.stdout and "compute_score" in result.stdout
+    assert "agent loop: tool_agent" in result.stdout
+    missing = subprocess.run(
+        [
+            "bash",
+            str(REPO / "scripts/train_grpo.sh"),
+            "--dry-run",
+            "--model",
+            "m",
+            "--data",
+            str(bank / "nowhere"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert missing.returncode == 2 and "train.parquet is missing" in missing.stderr
+
+
+def test_scripted_rollouts_through_the_tool_agent_loop_earn_full_reward(bank, server):
+    from case_env.verl.rollouts import run_rollouts
+
+    summary = run_rollouts(bank / "train.parquet", server.url, per_source=3, concurrency=4)
+    assert {source: s.n for source, s in summary.items()} == {
+        "vista3d_opsd": 3,
+        "medpanel_v2_opsd": 3,
+        "medboard_opsd": 3,
+    }
+    for s in summary.values():
+        assert s.reward == s.n and s.format_ok == s.n and s.infra_errors == 0 and s.tool_calls >= 2 * s.n

@@ -51,7 +51,7 @@ class Agent:
 
 
 def tool_call_text(name: str, arguments: dict) -> str:
-    return f'<tool_call>\n{json.dumps({"name": name, "arguments": arguments})}\n</tool_call>'
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
 
 
 @dataclass

@@ -23,5 +23,7 @@ def run_episode(client: httpx.Client, agent: Agent, patient_id: str, episode_id:
         if body.get("images"):
             image = Image.open(io.BytesIO(base64.b64decode(body["images"][0]["data_b64"]))).convert("RGB")
         text = body.get("text") or body.get("error", {}).get("message", "")
-        outputs.append(ToolOutput(tool, arguments, text if body.get("ok", False) else f"Error: {text}", image))
+        outputs.append(
+            ToolOutput(tool, arguments, text if body.get("ok", False) else f"Error: {text}", image)
+        )
     return agent.decide(outputs), outputs

@@ -80,12 +80,18 @@ class TextAgent(Agent):
         side = "left" if left > right else "right"
         excess = 100 * (max(left, right) - min(left, right)) / min(left, right)
         much = excess > 5
-        letter = self.option_where(lambda t: t.lower().startswith(f"the {side} kidney") and (("more than" in t) == much))
-        return letter and Decision(letter, f"Left {left} mL, right {right} mL: {side} larger by {excess:.1f} %.")
+        letter = self.option_where(
+            lambda t: t.lower().startswith(f"the {side} kidney") and (("more than" in t) == much)
+        )
+        return letter and Decision(
+            letter, f"Left {left} mL, right {right} mL: {side} larger by {excess:.1f} %."
+        )
 
     # -- consultant ------------------------------------------------------------------------------------
     def _report(self, outputs, visit: str) -> str:
-        return next((o.text for o in outputs if o.tool == "read_report" and o.arguments.get("visit") == visit), "")
+        return next(
+            (o.text for o in outputs if o.tool == "read_report" and o.arguments.get("visit") == visit), ""
+        )
 
     def _diagnosis(self, outputs):
         report = self._report(outputs, "follow_up")
@@ -126,7 +132,10 @@ class TextAgent(Agent):
         elif not report_holds:
             verdict, why = "Refuted: the report", "The report contradicts the first part."
         else:
-            verdict, why = "Refuted: the measurement", f"The measurement ({volume:,.1f} mL) contradicts the claim."
+            verdict, why = (
+                "Refuted: the measurement",
+                f"The measurement ({volume:,.1f} mL) contradicts the claim.",
+            )
         letter = self.option_where(lambda t: t.startswith(verdict))
         return letter and Decision(letter, why)
 

@@ -75,14 +75,15 @@ def organ_mask(overlay_image, organ: str = "liver", shrink: int = 1) -> np.ndarr
     return _erode(~outside & ~contour, shrink)
 
 
-def body_ring(image: np.ndarray, width: int = 4) -> np.ndarray:
-    """The outermost `width` pixels of the body (subcutaneous fat), from a non-overlay render."""
-    body = image > 20
+def body_ring(in_phase: np.ndarray, width: int = 4) -> np.ndarray:
+    """The outermost `width` pixels of the body (subcutaneous fat), from an in-phase render, where every
+    tissue is bright and the body outline is closed."""
+    body = in_phase > 20
     border = np.zeros(body.shape, bool)
     border[0, :] = border[-1, :] = True
     border[:, 0] = border[:, -1] = True
-    body = ~_grow(border & ~body, ~body)  # fill holes (lungs, bowel gas)
-    return body & ~_erode(body, width)
+    filled = ~_grow(border & ~body, ~body)  # fill holes (lungs, bowel gas)
+    return filled & ~_erode(filled, width)
 
 
 def _ratio(after: float, before: float) -> float:
@@ -147,7 +148,7 @@ def compare_spots(left: np.ndarray, right: np.ndarray, organ: np.ndarray, darker
         before = sign * (typical_left - float(left[region].mean()))
         if before < 0.35 * now:
             return "new"
-        if before < 0.8 * now:
+        if before < 0.8 * now and now - before >= 15 and region.sum() >= 20:  # a grown lesion is no speck
             verdict = "grew"
     return verdict
 
@@ -178,7 +179,10 @@ class VisionAgent(Agent):
     # -- plans ------------------------------------------------------------------------------------------
     def _level_calls(self, **where) -> list[tuple[str, dict]]:
         return [
-            ("render_slice", {"visit": "baseline", "sequence": "fat", "plane": "axial", "overlay": True, **where}),
+            (
+                "render_slice",
+                {"visit": "baseline", "sequence": "in", "plane": "axial", "overlay": True, **where},
+            ),
             ("render_slice", {"visit": "baseline", "sequence": "fat", "plane": "axial", **where}),
             ("render_slice", {"visit": "follow_up", "sequence": "fat", "plane": "axial", **where}),
         ]
@@ -194,7 +198,9 @@ class VisionAgent(Agent):
                 calls += self._level_calls(organ="liver")
             else:
                 below = (STATION_BOUNDS_BELOW_TOP[station - 1] + STATION_BOUNDS_BELOW_TOP[station]) / 2
-                calls += self._level_calls(position=round(100 * (1 - below / STATION_BOUNDS_BELOW_TOP[-1]), 1))
+                calls += self._level_calls(
+                    position=round(100 * (1 - below / STATION_BOUNDS_BELOW_TOP[-1]), 1)
+                )
         elif self.template == "liver_change":
             calls += self._level_calls(organ="liver")
             for p in SWEEP:
@@ -215,7 +221,10 @@ class VisionAgent(Agent):
             return ("render_slice", {"visit": "follow_up", "sequence": sequence, "plane": "axial",
                                      "position": percent, "overlay": True})  # fmt: skip
 
-        panel = ("render_comparison", {"sequence": sequence, "plane": "axial", "organ": organ, "position": position})
+        panel = (
+            "render_comparison",
+            {"sequence": sequence, "plane": "axial", "organ": organ, "position": position},
+        )
         return [panel, outline]
 
     def next_call(self, outputs: list[ToolOutput]) -> tuple[str, dict] | None:
@@ -230,7 +239,7 @@ class VisionAgent(Agent):
         overlay, before, after = (o.image for o in outputs[1:4])
         b, a = gray(before), gray(after)
         liver = organ_mask(overlay, "liver")
-        ring = body_ring(b)
+        ring = body_ring(gray(overlay))
         reading = {"sat": _ratio(a[ring].mean(), b[ring].mean()) if ring.any() else 1.0, "liver": None}
         if liver.sum() > 30:
             reading["liver"] = _ratio(a[liver].mean(), b[liver].mean())
@@ -247,7 +256,9 @@ class VisionAgent(Agent):
     def _fat_direction(self, outputs):
         r = self._level_reading(outputs)
         if r["sat"] < SWAP_RING:
-            return self._pick("It only appears", f"Subcutaneous fat went dark on the fat image (x{r['sat']:.2f}).")
+            return self._pick(
+                "It only appears", f"Subcutaneous fat went dark on the fat image (x{r['sat']:.2f})."
+            )
         liver = r["liver"] or 1.0
         if liver > FAT_UP:
             return self._pick("It increased", f"The liver is brighter on the fat image (x{liver:.2f}).")
@@ -258,12 +269,18 @@ class VisionAgent(Agent):
     def _artefact_vs_change(self, outputs):
         r = self._level_reading(outputs)
         if r["sat"] < SWAP_RING:
-            return self._pick("A fat-water swap", f"Subcutaneous fat is dark on the follow-up fat image (x{r['sat']:.2f}).")
+            return self._pick(
+                "A fat-water swap", f"Subcutaneous fat is dark on the follow-up fat image (x{r['sat']:.2f})."
+            )
         liver = r["liver"] or 1.0
         if liver > FAT_UP:
-            return self._pick("A true increase", f"Liver fat signal rose (x{liver:.2f}) with normal fat elsewhere.")
+            return self._pick(
+                "A true increase", f"Liver fat signal rose (x{liver:.2f}) with normal fat elsewhere."
+            )
         if liver < FAT_DOWN:
-            return self._pick("A true decrease", f"Liver fat signal fell (x{liver:.2f}) with normal fat elsewhere.")
+            return self._pick(
+                "A true decrease", f"Liver fat signal fell (x{liver:.2f}) with normal fat elsewhere."
+            )
         return self._pick("No visible difference", "The fat images match.")
 
     def _panel_verdicts(self, outputs: list[ToolOutput], organ: str, darker: bool) -> list[str]:
@@ -285,7 +302,9 @@ class VisionAgent(Agent):
         verdicts = self._panel_verdicts(outputs[4:], "liver", darker=True)
         grew, new = verdicts.count("grew"), verdicts.count("new")
         if grew and grew >= new:
-            return self._pick("A focal lesion seen at baseline", "A dark spot present at baseline is larger now.")
+            return self._pick(
+                "A focal lesion seen at baseline", "A dark spot present at baseline is larger now."
+            )
         if new:
             return self._pick("A new focal lesion", "A dark spot appears only on the follow-up half.")
         return self._pick("No significant change", "No focal difference between the halves at any level.")
@@ -299,4 +318,6 @@ class VisionAgent(Agent):
             return self._pick("It is new", "The spot is absent from the baseline half.")
         if verdict == "grew":
             return self._pick("It was present at baseline and has grown", "The spot is larger at follow-up.")
-        return self._pick("It was present at baseline and is unchanged", "The spot is the same at both visits.")
+        return self._pick(
+            "It was present at baseline and is unchanged", "The spot is the same at both visits."
+        )

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from case_env.data.store import PatientStore
 from case_env.imaging.render import Plane
 from case_env.imaging.service import Imaging
@@ -35,7 +37,19 @@ class PatientFacts:
     visits: dict[str, VisitFacts]
     interval_days: int
     swap_station: int | None = None
-    liver_swapped: bool = False  # the liver lies in the fat-water-swapped station at follow-up
+    liver_swap_share: float = 0.0  # share of the follow-up liver inside the fat-water-swapped station
+
+    @property
+    def liver_swapped(self) -> bool:
+        """Most of the liver is in the swapped station: its fat images are artefactual as a whole."""
+        return self.liver_swap_share >= 0.5
+
+    @property
+    def liver_partly_swapped(self) -> bool:
+        """Part of the liver is swapped: what its fat images show depends on the level, so liver image
+        questions would be ambiguous and are not asked."""
+        return 0.0 < self.liver_swap_share < 0.5
+
     lesions: dict[str, list[dict]] = field(default_factory=dict)  # per visit, manifest lesion entries
 
     def change_pct(self, organ: str) -> float:
@@ -82,10 +96,6 @@ def gather(store: PatientStore) -> tuple[list[PatientFacts], list[str]]:
         swap = next(
             (a["station"] for a in follow.get("artefacts", []) if a["type"] == "fat_water_swap"), None
         )
-        liver_report = next(
-            (f for f in (per_visit["follow_up"].report or {}).get("findings", []) if f["organ"] == "liver"),
-            {},
-        )
         facts.append(
             PatientFacts(
                 patient_id=pid,
@@ -94,11 +104,21 @@ def gather(store: PatientStore) -> tuple[list[PatientFacts], list[str]]:
                 visits=per_visit,
                 interval_days=visits["follow_up"].interval_days or 0,
                 swap_station=swap,
-                liver_swapped=swap is not None and liver_report.get("fat_fraction_pct", 0) is None,
+                liver_swap_share=_share_in_station(store, pid, swap) if swap else 0.0,
                 lesions={v: manifests[v]["visit_state"]["lesions"] for v in VISITS},
             )
         )
     return facts, skipped
+
+
+def _share_in_station(store: PatientStore, pid: str, station: int) -> float:
+    """Share of the follow-up liver's voxels inside a station's z range."""
+    labels = store.organ_labels(pid, "follow_up")
+    low, high = store.stations(pid, "follow_up")[station - 1]
+    z = labels.affine[2, 3] + np.arange(labels.shape[2]) * labels.affine[2, 2]
+    liver = labels.data == store.label_table.by_organ["liver"].index
+    total = int(liver.sum())
+    return float(liver[:, :, (z >= low) & (z < high)].sum()) / total if total else 0.0
 
 
 def lesion_position(imaging: Imaging, fact: PatientFacts, organ: str, centre_mm: list[float]) -> float:

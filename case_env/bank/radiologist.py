@@ -50,7 +50,7 @@ def _main_liver_lesion(f: PatientFacts) -> dict | None:
 
 
 def liver_change(f: PatientFacts, d: FrozenDraw, ctx: BankContext) -> list[Draft]:
-    if f.liver_swapped:
+    if f.liver_swapped or f.liver_partly_swapped:
         return []  # the liver images carry the artefact: asked by artefact_vs_change instead
     lesion = _main_liver_lesion(f)
     evidence = [call("render_comparison", sequence="fat", plane="axial", organ="liver", position=50)]
@@ -79,6 +79,8 @@ def liver_change(f: PatientFacts, d: FrozenDraw, ctx: BankContext) -> list[Draft
 
 
 def fat_direction(f: PatientFacts, d: FrozenDraw, ctx: BankContext) -> list[Draft]:
+    if f.liver_partly_swapped:
+        return []  # the answer would depend on the level looked at
     if f.liver_swapped:
         category = "artefact"
     elif f.scenario == "steatosis_progression":

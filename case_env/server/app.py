@@ -25,7 +25,7 @@ from case_env.server.episodes import EpisodeStore
 from case_env.server.errors import error_response, short
 from case_env.server.limits import BodyLimit
 from case_env.server.metrics import Metrics
-from case_env.server.routes import episodes, ops, tools
+from case_env.server.routes import episodes, ops, score, tools
 from case_env.server.settings import ServerSettings
 from case_env.server.state import ServerState
 from case_env.settings import DataSettings
@@ -99,6 +99,7 @@ def create_app(
     app.include_router(ops.router)
     app.include_router(tools.router)
     app.include_router(episodes.router)
+    app.include_router(score.router)
     _install_error_handlers(app)
     return app
 

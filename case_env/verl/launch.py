@@ -19,13 +19,11 @@ import argparse
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
-
-import httpx
 
 import case_env.reward
 import case_env.verl.dataset as case_dataset
+from case_env.server.control import ensure_server
 from case_env.verl.config import DEFAULT_PATH
 
 
@@ -146,29 +144,6 @@ def dry_run(args: argparse.Namespace, extra: list[str]) -> int:
     print(f"agent loop: {rollout.agent.default_agent_loop}; data: {config.data.train_files}")
     print(f"dry run: config composed and validated ({len(overrides(args, extra))} overrides)")
     return 0
-
-
-def _reachable(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/healthz", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
-def ensure_server(args: argparse.Namespace) -> subprocess.Popen | None:
-    """Start `case-env serve` when nothing answers at the URL; None when one is already running."""
-    if _reachable(args.server_url):
-        return None
-    port = httpx.URL(args.server_url).port or 8000
-    process = subprocess.Popen([sys.executable, "-m", "case_env.cli", "serve", "--data-root", str(args.data_root),
-                                "--port", str(port), "--workers", "2"])  # fmt: skip
-    deadline = time.monotonic() + 120
-    while not _reachable(args.server_url):
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.terminate()
-            raise SystemExit(f"case-env server did not start at {args.server_url}")
-        time.sleep(0.5)
-    return process
 
 
 def main(argv: list[str] | None = None) -> int:

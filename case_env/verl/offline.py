@@ -152,3 +152,33 @@ def tool_call(name: str, arguments: dict[str, Any]) -> str:
     import json
 
     return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
+
+
+async def score_with_verl(tokenizer, outputs: list, items: list[dict]) -> list[dict]:
+    """Score finished trajectories the way a verl job does: custom reward loaded by verl's loader, run by
+    verl's NaiveRewardManager. Must run inside the event loop (the manager captures it)."""
+    import numpy as np
+    import torch
+    from verl import DataProto
+    from verl.experimental.reward_loop.reward_manager.naive import NaiveRewardManager
+    from verl.trainer.ppo.reward import get_custom_reward_fn
+
+    import case_env.reward
+
+    config = OmegaConf.create({"reward": {"custom_reward_function": {"path": case_env.reward.__file__,
+                                                                     "name": "compute_score"}}})  # fmt: skip
+    manager = NaiveRewardManager(config, tokenizer, get_custom_reward_fn(config))
+    results = []
+    for out, item in zip(outputs, items, strict=True):
+        response = torch.tensor([out.response_ids])
+        prompt = torch.tensor([out.prompt_ids])
+        mask = torch.ones(1, prompt.shape[1] + response.shape[1], dtype=torch.long)
+        data = DataProto.from_dict(
+            tensors={"responses": response, "prompts": prompt, "attention_mask": mask},
+            non_tensors={"data_source": np.array([item["data_source"]], dtype=object),
+                         "reward_model": np.array([item["reward_model"]], dtype=object),
+                         "extra_info": np.array([item["extra_info"]], dtype=object),
+                         "tool_extra_fields": np.array([out.extra_fields], dtype=object)},
+        )  # fmt: skip
+        results.append(await manager.run_single(data))
+    return results
