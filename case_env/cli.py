@@ -226,6 +226,46 @@ def rollouts(
                        f"{s.tool_calls / s.n:11.1f} {s.infra_errors:13d}")  # fmt: skip
 
 
+@app.command("eval")
+def eval_(
+    bank: Path = typer.Option(
+        ..., "--bank", help="A bank parquet file, or a bank directory (all its splits)."
+    ),
+    server_url: str = typer.Option(..., "--server", help="Base URL of a running case-env server."),
+    agent: str = typer.Option(..., "--agent", help="scripted, vision, no-tool or random."),
+    out: Path = typer.Option(
+        ..., "--out", help="Directory for trajectories.jsonl, images/ and results.json."
+    ),
+    concurrency: int = typer.Option(4, "--concurrency", min=1, help="Questions in flight."),
+    limit: int | None = typer.Option(None, "--limit", min=1, help="Only the first N questions."),
+    resume: bool = typer.Option(False, "--resume", help="Continue a run in --out, skipping finished items."),
+    token: str | None = typer.Option(
+        None, "--token", envvar="CASE_ENV_TOKEN", help="Bearer token of the server."
+    ),
+) -> None:
+    """Evaluate a policy over a bank against a live server; prints accuracy per data source."""
+    import httpx
+
+    from case_env.eval.runner import AGENTS, run_eval
+
+    if agent not in AGENTS:
+        _fail(f"unknown agent {agent!r}; choose one of {', '.join(AGENTS)}", 2)
+    try:
+        results = run_eval(bank, server_url, agent, out, concurrency, limit, resume, token)
+    except (FileNotFoundError, FileExistsError) as exc:
+        _fail(str(exc), 2)
+    except httpx.HTTPError as exc:
+        _fail(f"server {server_url} failed: {exc}", 1)
+    typer.echo(
+        f"{'data source':18s} {'n':>4s} {'accuracy':>9s} {'chance':>7s} {'tool calls':>11s} {'format err':>11s}"
+    )
+    for source, s in results["by_data_source"].items():
+        typer.echo(f"{source:18s} {s['n']:4d} {s['accuracy']:9.3f} {s['chance']:7.3f} "
+                   f"{s['mean_tool_calls']:11.1f} {s['format_error_rate']:11.3f}")  # fmt: skip
+    typer.echo(f"{'overall':18s} {results['overall']['n']:4d} {results['overall']['accuracy']:9.3f}")
+    typer.echo(f"wrote {out / 'results.json'}")
+
+
 @bank_app.command("build")
 def bank_build(
     data_root: Path = typer.Option(..., "--data-root", help="Synthetic data root (needs phantom manifests)."),

@@ -12,18 +12,12 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
-import torch
 from omegaconf import OmegaConf
-from verl import DataProto
-from verl.experimental.reward_loop.reward_manager.naive import NaiveRewardManager
 from verl.tools.schemas import OpenAIFunctionToolSchema
 from verl.tools.tool_registry import load_all_tools
-from verl.trainer.ppo.reward import get_custom_reward_fn
 from verl.utils.dataset.rl_dataset import RLHFDataset
 
-import case_env.reward
 from case_env.bank.build import build, write
 from case_env.data.store import PatientStore
 from case_env.tooling import load_tools
@@ -36,6 +30,7 @@ from case_env.verl.offline import (
     build_tokenizer,
     loop_config,
     make_loop,
+    score_with_verl,
     tool_call,
 )
 from tests.server_harness import live_server
@@ -130,29 +125,6 @@ def _script(item: dict, correct: bool) -> list[str]:
     return [*calls, f"The evidence points to option {letter}.\n<answer>{letter}</answer>"]
 
 
-async def _score(tokenizer, outputs, items) -> list[dict]:
-    config = OmegaConf.create(
-        {"reward": {"custom_reward_function": {"path": case_env.reward.__file__, "name": "compute_score"}}}
-    )
-    manager = NaiveRewardManager(config, tokenizer, get_custom_reward_fn(config))
-    results = []
-    for out, item in zip(outputs, items, strict=True):
-        response = torch.tensor([out.response_ids])
-        prompt = torch.tensor([out.prompt_ids])
-        mask = torch.ones(1, prompt.shape[1] + response.shape[1], dtype=torch.long)
-        data = DataProto.from_dict(
-            tensors={"responses": response, "prompts": prompt, "attention_mask": mask},
-            non_tensors={
-                "data_source": np.array([item["data_source"]], dtype=object),
-                "reward_model": np.array([item["reward_model"]], dtype=object),
-                "extra_info": np.array([item["extra_info"]], dtype=object),
-                "tool_extra_fields": np.array([out.extra_fields], dtype=object),
-            },
-        )
-        results.append(await manager.run_single(data))
-    return results
-
-
 def test_concurrent_trajectories_of_every_persona(bank, server, dataset, monkeypatch):
     monkeypatch.setenv("CASE_ENV_URL", server.url)
     tools = load_all_tools(tool_config_path=str(REPO / DEFAULT_PATH), function_tool_path=None)
@@ -179,7 +151,7 @@ def test_concurrent_trajectories_of_every_persona(bank, server, dataset, monkeyp
 
     async def run_all():
         results = await asyncio.gather(*[one(i, item) for i, item in enumerate(items)])
-        scores = await _score(build_tokenizer(), [r[0] for r in results], items)
+        scores = await score_with_verl(build_tokenizer(), [r[0] for r in results], items)
         return results, scores
 
     results, scores = asyncio.run(run_all())

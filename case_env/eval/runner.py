@@ -1,0 +1,123 @@
+"""Run one agent over a bank against a live server, append each finished item to the trajectory file, and
+summarise. The trajectory file is the run's only state: `--resume` skips what it already holds, so an
+interrupted run continues without redoing work, and results.json is always recomputed from it."""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from collections import defaultdict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+
+import httpx
+from tqdm import tqdm
+
+from case_env.agents.base import Agent
+from case_env.agents.direct import run_episode
+from case_env.eval import trajectory
+from case_env.eval.bank import Item, load_items, reference_rows
+from case_env.eval.baselines import LeavePatientOut, NoToolAgent, RandomAgent
+from case_env.reward import compute_score
+
+AGENTS = ("scripted", "vision", "no-tool", "random")
+
+
+def agent_factory(name: str, bank: Path, seed: int = 0) -> Callable[[dict], Agent]:
+    from case_env.agents import scripted_agent
+    from case_env.agents.scripted import TextAgent
+
+    if name == "scripted":
+        return TextAgent  # tool text only, also on image questions: that is what it measures
+    if name == "vision":
+        return scripted_agent  # pixels for image questions; a vision policy reads the text of the others
+    if name == "random":
+        return lambda extra: RandomAgent(extra, seed)
+    if name == "no-tool":
+        priors = LeavePatientOut(reference_rows(bank))
+        lock = threading.Lock()  # agents are made on pool threads; fit each patient's prior once
+
+        def no_tool(extra: dict) -> Agent:
+            with lock:
+                return NoToolAgent(extra, seed, priors)
+
+        return no_tool
+    raise ValueError(f"unknown agent {name!r}; choose one of {', '.join(AGENTS)}")
+
+
+def summarise(records: list[dict], agent: str, bank: str, server_version: str) -> dict:
+    by_source: dict[str, list[dict]] = defaultdict(list)
+    for record in records:
+        by_source[record["data_source"]].append(record)
+
+    def accuracy(rows: list[dict]) -> float:
+        return round(sum(r["reward"] for r in rows) / len(rows), 4) if rows else 0.0
+
+    return {
+        "overall": {"accuracy": accuracy(records), "n": len(records)},
+        "by_data_source": {
+            source: {
+                "accuracy": accuracy(rows),
+                "n": len(rows),
+                "mean_tool_calls": round(sum(r["tool_calls"] for r in rows) / len(rows), 3),
+                "format_error_rate": round(sum(not r["format_ok"] for r in rows) / len(rows), 4),
+                "chance": round(sum(1 / r["options"] for r in rows) / len(rows), 4),
+            }
+            for source, rows in sorted(by_source.items())
+        },
+        "agent": agent,
+        "bank": bank,
+        "server_version": server_version,
+    }
+
+
+def run_eval(bank: Path, server_url: str, agent: str, out: Path, concurrency: int = 4, limit: int | None = None,
+             resume: bool = False, token: str | None = None, max_calls: int = 32, progress: bool = True
+             ) -> dict:  # fmt: skip
+    make_agent = agent_factory(agent, bank)
+    items = load_items(bank)[:limit] if limit else load_items(bank)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / trajectory.FILENAME
+    if path.exists() and not resume:
+        raise FileExistsError(f"{path} exists: pass --resume to continue that run, or choose another --out")
+    trajectory.drop_torn_tail(path)
+    done = {record["id"] for record in trajectory.read(path)}
+    todo = [item for item in items if item.key not in done]
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    with httpx.Client(base_url=server_url, headers=headers, timeout=60.0) as probe:
+        server_version = probe.get("/healthz").raise_for_status().json().get("version", "")
+        tools = probe.get("/v1/tools").raise_for_status().json()
+    lock = threading.Lock()
+    local = threading.local()
+
+    def one(item: Item) -> None:
+        if not hasattr(local, "client"):
+            local.client = httpx.Client(base_url=server_url, headers=headers, timeout=60.0)
+        policy = make_agent(item.extra)
+        episode = f"eval-{uuid.uuid4().hex}"
+        decision, outputs = run_episode(local.client, policy, item.extra["patient_id"], episode, max_calls)
+        final = f"{decision.reason}\n<answer>{decision.letter}</answer>"
+        score = compute_score(item.data_source, final, item.ground_truth, item.extra)
+        allowed = set(item.extra.get("tool_selection") or [])
+        schemas = [t["schema"] for t in tools["tools"] if not allowed or t["name"] in allowed]
+        record = trajectory.to_record(item, outputs, decision, score, out, schemas)
+        record["options"] = len(item.extra["options"])
+        with lock, path.open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        futures = [pool.submit(one, item) for item in todo]
+        bar = tqdm(
+            total=len(items), initial=len(items) - len(todo), desc=f"eval {agent}", disable=not progress
+        )
+        for future in as_completed(futures):
+            future.result()
+            bar.update()
+        bar.close()
+    keys = {item.key for item in items}
+    records = [r for r in trajectory.read(path) if r["id"] in keys]
+    results = summarise(records, agent, str(bank), server_version)
+    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    return results
