@@ -33,6 +33,8 @@ bank_app = typer.Typer(
 app.add_typer(data_app, name="data")
 app.add_typer(bank_app, name="bank")
 app.add_typer(bench_app, name="bench")
+traj_app = typer.Typer(help="Work with recorded trajectories.", no_args_is_help=True)
+app.add_typer(traj_app, name="traj")
 
 KEY_ORGANS = ("liver", "spleen", "pancreas", "left_kidney", "right_kidney", "gallbladder", "stomach", "heart")
 
@@ -264,6 +266,24 @@ def eval_(
                    f"{s['mean_tool_calls']:11.1f} {s['format_error_rate']:11.3f}")  # fmt: skip
     typer.echo(f"{'overall':18s} {results['overall']['n']:4d} {results['overall']['accuracy']:9.3f}")
     typer.echo(f"wrote {out / 'results.json'}")
+
+
+@traj_app.command("to-sft")
+def traj_to_sft(
+    source: Path = typer.Argument(
+        ..., help="A trajectory JSONL file, or a directory of them (e.g. an eval --out)."
+    ),
+    out: Path = typer.Option(..., "--out", help="Parquet file in verl's multi-turn SFT format."),
+    all_: bool = typer.Option(False, "--all", help="Keep incorrect trajectories too."),
+) -> None:
+    """Write verl multi-turn SFT rows (messages, tools, images) from CASE-format trajectories."""
+    from case_env.eval.sft import TrajectoryFormatError, write_sft
+
+    try:
+        n = write_sft(source, out, correct_only=not all_)
+    except (FileNotFoundError, TrajectoryFormatError, ValueError) as exc:
+        _fail(str(exc), 2)
+    typer.echo(f"wrote {n} rows to {out}")
 
 
 @bank_app.command("build")

@@ -87,3 +87,30 @@ def test_prompt_only_baselines_make_no_calls_and_stay_near_chance(bank, server, 
     assert all(s["mean_tool_calls"] == 0 for s in results["by_data_source"].values())
     # 10 patients only: a loose bound here; the acceptance figures use a bank of 30 patients
     assert results["overall"]["accuracy"] <= 0.25 + 0.12, json.dumps(results["by_data_source"])
+
+
+def test_trajectories_become_verl_multiturn_sft_rows(bank, server, tmp_path):
+    from omegaconf import OmegaConf
+    from verl.utils.dataset.multiturn_sft_dataset import MultiTurnSFTDataset
+
+    from case_env.eval.sft import write_sft
+    from case_env.verl.offline import build_tokenizer
+
+    run = tmp_path / "run"
+    results = run_eval(bank / "test.parquet", server.url, "scripted", run, concurrency=2, progress=False)
+    correct = round(results["overall"]["accuracy"] * results["overall"]["n"])
+    text_only = tmp_path / "text-only"
+    text_only.mkdir()
+    records = [r for r in read(run / FILENAME) if not r["images"]]
+    (text_only / "traj.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert write_sft(run, tmp_path / "all.parquet", correct_only=False) == results["overall"]["n"]
+    assert write_sft(run, tmp_path / "correct.parquet") == correct
+    n = write_sft(text_only, tmp_path / "sft.parquet")
+    config = OmegaConf.create({"max_length": 65536, "truncation": "error"})
+    data = MultiTurnSFTDataset(str(tmp_path / "sft.parquet"), build_tokenizer(), config)
+    assert len(data) == n > 0
+    item = data[0]
+    text = build_tokenizer().decode(item["input_ids"][item["attention_mask"].bool()])
+    first = next(r for r in records if r["reward"] == 1)
+    assert first["messages"][-1]["content"] in text and '"name": "list_visits"' in text
+    assert item["loss_mask"].sum() > 0
