@@ -110,6 +110,9 @@ def serve(
     ),
     audit_log: Path = typer.Option(None, "--audit-log", help="JSON-lines audit file (CASE_ENV_AUDIT_LOG)."),
     log_level: str = typer.Option("info", "--log-level", help="uvicorn log level."),
+    replay: Path = typer.Option(
+        None, "--replay", help="Serve recorded tool outputs from trajectory files (no data root needed)."
+    ),
 ) -> None:
     """Run the tool server. With CASE_ENV_TOKEN set, /v1 routes and /metrics require `Authorization: Bearer`."""
     import tempfile
@@ -125,6 +128,7 @@ def serve(
         "PORT": port,
         "WORKERS": workers,
         "AUDIT_LOG": audit_log,
+        "REPLAY_DIR": replay,
     }
     for key, value in overrides.items():
         if value is not None:
@@ -136,7 +140,10 @@ def serve(
             f"refusing to listen on {settings.host} without a token: set CASE_ENV_TOKEN (or bind 127.0.0.1)",
             2,
         )
-    if not data.data_root.is_dir():
+    if settings.replay_dir is not None:
+        if not settings.replay_dir.exists():
+            _fail(f"replay source {settings.replay_dir} does not exist", 2)
+    elif not data.data_root.is_dir():
         _fail(f"data root {data.data_root} is not a directory (run `case-env synth` or set --data-root)", 2)
     with tempfile.TemporaryDirectory(prefix="case-env-") as run_dir:
         if settings.workers > 1:

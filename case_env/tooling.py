@@ -70,11 +70,12 @@ class ErrorCode(StrEnum):
     NOT_READY = "not_ready"
     DATA_UNAVAILABLE = "data_unavailable"
     INTERNAL = "internal"
+    NOT_RECORDED = "not_recorded"
 
 
 MODEL_FAULTS = frozenset(
     {ErrorCode.INVALID_ARGUMENTS, ErrorCode.UNKNOWN_TOOL, ErrorCode.UNKNOWN_ORGAN, ErrorCode.UNKNOWN_VISIT,
-     ErrorCode.NOT_AVAILABLE}
+     ErrorCode.NOT_AVAILABLE, ErrorCode.NOT_RECORDED}
 )  # fmt: skip
 
 

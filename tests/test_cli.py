@@ -85,3 +85,18 @@ def test_bench_server_measures_every_tool(dataset, tmp_path):
     }
     for tool in figures["latency_ms"].values():
         assert 0 < tool["p50"] <= tool["p95"] <= tool["p99"]
+
+
+def test_eval_traj_and_replay_name_bad_input(tmp_path):
+    bank = tmp_path / "bank.parquet"
+    result = run("eval", "--bank", str(bank), "--server", "http://127.0.0.1:9", "--agent", "oracle",
+                 "--out", str(tmp_path / "out"))  # fmt: skip
+    assert result.returncode == 2 and "unknown agent 'oracle'" in result.stderr
+    result = run("eval", "--bank", str(bank), "--server", "http://127.0.0.1:9", "--agent", "random",
+                 "--out", str(tmp_path / "out"))  # fmt: skip
+    assert result.returncode == 2 and "does not exist" in result.stderr and "Traceback" not in result.stderr
+    (tmp_path / "traj.jsonl").write_text('{"id": "x", "reward": 1}\n')
+    result = run("traj", "to-sft", str(tmp_path / "traj.jsonl"), "--out", str(tmp_path / "sft.parquet"))
+    assert result.returncode == 2 and "no 'messages' list" in result.stderr
+    result = run("serve", "--replay", str(tmp_path / "nowhere"))
+    assert result.returncode == 2 and "replay source" in result.stderr

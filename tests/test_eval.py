@@ -114,3 +114,30 @@ def test_trajectories_become_verl_multiturn_sft_rows(bank, server, tmp_path):
     first = next(r for r in records if r["reward"] == 1)
     assert first["messages"][-1]["content"] in text and '"name": "list_visits"' in text
     assert item["loss_mask"].sum() > 0
+
+
+def test_replay_reproduces_every_tool_output_and_reward(bank, server, dataset, tmp_path):
+    import httpx
+
+    live = tmp_path / "live"
+    first = run_eval(bank / "test.parquet", server.url, "vision", live, concurrency=2, progress=False)
+    # the replay server sees no imaging data at all
+    with live_server(tmp_path / "no-data", tmp_path / "replay-server", replay_dir=live) as replayed:
+        again = run_eval(bank / "test.parquet", replayed.url, "vision", tmp_path / "again", concurrency=2,
+                         progress=False)  # fmt: skip
+        with httpx.Client(base_url=replayed.url) as client:
+            patient = next(read(live / FILENAME))["patient_id"]
+            reply = client.post("/v1/tools/get_organ_volume", json={
+                "episode_id": "unrecorded", "patient_id": patient,
+                "arguments": {"organ": "left_adrenal_gland", "visit": "follow_up"}}).json()  # fmt: skip
+            assert reply["ok"] is False and reply["error"]["code"] == "not_recorded"
+            assert "not recorded" in reply["error"]["message"]
+            assert client.get("/readyz").json()["ready"] is True
+    assert again["by_data_source"] == first["by_data_source"]
+    recorded = {r["id"]: r for r in read(live / FILENAME)}
+    for record in read(tmp_path / "again" / FILENAME):
+        original = recorded[record["id"]]
+        assert record["reward"] == original["reward"]
+        assert [m["content"] for m in record["messages"]] == [m["content"] for m in original["messages"]]
+        for mine, theirs in zip(record["images"], original["images"], strict=True):
+            assert (tmp_path / "again" / mine).read_bytes() == (live / theirs).read_bytes()

@@ -24,6 +24,7 @@ class ToolOutput:
     arguments: dict[str, Any]
     text: str
     image: Image.Image | None = None
+    png: bytes | None = None  # the image as the server encoded it, kept so recordings are byte-exact
 
 
 @dataclass

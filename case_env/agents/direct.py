@@ -19,11 +19,12 @@ def run_episode(client: httpx.Client, agent: Agent, patient_id: str, episode_id:
         reply = client.post(f"/v1/tools/{tool}", json={"episode_id": episode_id, "patient_id": patient_id,
                                                          "arguments": arguments})  # fmt: skip
         body = reply.json()
-        image = None
+        image = png = None
         if body.get("images"):
-            image = Image.open(io.BytesIO(base64.b64decode(body["images"][0]["data_b64"]))).convert("RGB")
+            png = base64.b64decode(body["images"][0]["data_b64"])
+            image = Image.open(io.BytesIO(png)).convert("RGB")
         text = body.get("text") or body.get("error", {}).get("message", "")
         outputs.append(
-            ToolOutput(tool, arguments, text if body.get("ok", False) else f"Error: {text}", image)
+            ToolOutput(tool, arguments, text if body.get("ok", False) else f"Error: {text}", image, png)
         )
     return agent.decide(outputs), outputs

@@ -38,7 +38,10 @@ def to_record(item: Item, outputs: list[ToolOutput], decision: Decision, score: 
         if output.image is not None:
             relative = f"images/{folder}/img_{item.key}_{n:02d}.png"
             (out / relative).parent.mkdir(parents=True, exist_ok=True)
-            output.image.save(out / relative)
+            if output.png is not None:
+                (out / relative).write_bytes(output.png)
+            else:
+                output.image.save(out / relative)
             images.append(relative)
             content.append({"type": "image", "image": relative})
         content.append({"type": "text", "text": output.text})

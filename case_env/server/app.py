@@ -25,6 +25,7 @@ from case_env.server.episodes import EpisodeStore
 from case_env.server.errors import error_response, short
 from case_env.server.limits import BodyLimit
 from case_env.server.metrics import Metrics
+from case_env.server.replay import ReplayBook
 from case_env.server.routes import episodes, ops, score, tools
 from case_env.server.settings import ServerSettings
 from case_env.server.state import ServerState
@@ -67,12 +68,19 @@ def create_app(
         )
         for problem in errors[:20]:
             log.warning("data problem: %s", problem)
+        specs = tool_specs if tool_specs is not None else load_tools()
+        replay = ReplayBook.load(settings.replay_dir, specs) if settings.replay_dir else None
+        if replay is not None:
+            specs = replay.bind(specs)
+            log.info("replay: %d recorded calls for %d patients from %s", len(replay.entries),
+                     len(replay.patients), settings.replay_dir)  # fmt: skip
         state = ServerState(
             settings=settings,
             data=data,
             store=store,
             imaging=Imaging(store, settings.image_max_side),
-            tools=tool_specs if tool_specs is not None else load_tools(),
+            tools=specs,
+            replay=replay,
             episodes=EpisodeStore(settings.episode_db, settings.episode_idle_s, settings.max_episodes,
                                   settings.max_calls_per_episode),
             audit=AuditLog(settings.audit_log),

@@ -43,6 +43,10 @@ class ServerSettings(BaseSettings):
         None, description="SQLite file shared by workers for episodes; default in memory (one worker) or a "
         "temporary file (several workers)."
     )  # fmt: skip
+    replay_dir: Path | None = Field(
+        None,
+        description="Serve recorded tool outputs from the trajectory files here instead of the data root.",
+    )
     audit_log: Path | None = Field(None, description="File that receives one JSON line per call.")
     image_max_side: int = Field(448, ge=64, le=2048, description="Longest side of returned images in pixels.")
     max_body_bytes: int = Field(65536, ge=1024, description="Larger request bodies are refused with 413.")

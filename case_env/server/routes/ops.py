@@ -26,7 +26,7 @@ async def healthz() -> HealthResponse:
 async def readyz(request: Request):
     state = request.app.state.server
     ready, reason = state.readiness()
-    body = ReadyResponse(ready=ready, patients=len(state.store.patient_ids()), reason=reason)
+    body = ReadyResponse(ready=ready, patients=len(state.patient_ids()), reason=reason)
     return JSONResponse(body.model_dump(), status_code=200 if ready else 503)
 
 

@@ -119,7 +119,7 @@ async def _serve(state: ServerState, name: str, body: ToolCallRequest, started: 
         return Outcome.failure(ErrorCode.NOT_READY, f"server not ready: {reason}", headers=retry)
     if state.in_flight >= state.settings.max_in_flight:
         return Outcome.failure(ErrorCode.OVERLOADED, "too many calls in flight; retry shortly", headers=retry)
-    if body.patient_id not in state.store.index.patients:
+    if not state.has_patient(body.patient_id):
         return Outcome.failure(ErrorCode.UNKNOWN_PATIENT, f"unknown patient {body.patient_id!r}")
     bound_to = state.episodes.bind(body.episode_id, body.patient_id)
     if bound_to != body.patient_id:

@@ -1,0 +1,105 @@
+"""Replay: serve recorded tool outputs instead of computing them (CASE trained RL against a tool-replay
+environment). Users can run RL on recorded trajectories without the imaging data.
+
+A call is keyed by (patient, tool, canonical arguments); arguments are canonicalised by the tool's own argument
+model, so defaults and spelling variants the live server accepts find the same recording. Argument validation
+still runs first and fails exactly as it would live, since it needs no data. A call nobody recorded answers
+`not_recorded` with text that says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from PIL import Image
+
+from case_env.eval import trajectory
+from case_env.eval.sft import TrajectoryFormatError, trajectory_files
+from case_env.tooling import ErrorCode, ToolContext, ToolError, ToolImage, ToolResult, ToolSpec
+
+log = logging.getLogger("case_env.replay")
+
+
+def canonical(spec: ToolSpec, arguments: dict[str, Any]) -> str:
+    """The arguments as the tool understands them; raises ToolError exactly as a live call would."""
+    return json.dumps(spec.parse(arguments).model_dump(mode="json"), sort_keys=True)
+
+
+@dataclass
+class ReplayBook:
+    entries: dict[tuple[str, str, str], ToolResult] = field(default_factory=dict)
+    patients: set[str] = field(default_factory=set)
+    conflicts: int = 0
+
+    @classmethod
+    def load(cls, source: Path, tools: dict[str, ToolSpec]) -> ReplayBook:
+        book = cls()
+        for path in trajectory_files(source):
+            for n, record in enumerate(trajectory.read(path), start=1):
+                book._add_record(record, path.parent, tools, f"{path}:{n}")
+        if book.conflicts:
+            log.warning("replay: %d recorded calls disagree with an earlier recording; the first is kept",
+                        book.conflicts)  # fmt: skip
+        return book
+
+    def _add_record(self, record: dict, base: Path, tools: dict[str, ToolSpec], where: str) -> None:
+        patient = record.get("patient_id")
+        if not patient or not isinstance(record.get("messages"), list):
+            raise TrajectoryFormatError(f"{where}: a replayable trajectory needs 'patient_id' and 'messages'")
+        self.patients.add(patient)
+        pending: dict[str, tuple[str, dict]] = {}
+        for message in record["messages"]:
+            for call in message.get("tool_calls") or []:
+                arguments = call["function"]["arguments"]
+                arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
+                pending[call.get("id", "")] = (call["function"]["name"], arguments)
+            if message.get("role") == "tool":
+                name, arguments = pending.pop(message.get("tool_call_id", ""), (message.get("name"), None))
+                spec = tools.get(name or "")
+                if spec is None or arguments is None:
+                    continue  # an unknown tool or an orphan reply: nothing a live call could reach
+                try:
+                    key = (patient, name, canonical(spec, arguments))
+                except ToolError:
+                    continue  # a recorded invalid call: replay validates again and answers the same error
+                result = _result(message.get("content"), base, where)
+                if key in self.entries and self.entries[key] != result:
+                    self.conflicts += 1
+                self.entries.setdefault(key, result)
+
+    def bind(self, tools: dict[str, ToolSpec]) -> dict[str, ToolSpec]:
+        """The same tools (schemas, validation, pools) answering from this book."""
+        return {name: dataclasses.replace(spec, run=self._handler(spec)) for name, spec in tools.items()}
+
+    def _handler(self, spec: ToolSpec):
+        def run(ctx: ToolContext, args) -> ToolResult:
+            key = (ctx.patient_id, spec.name, json.dumps(args.model_dump(mode="json"), sort_keys=True))
+            found = self.entries.get(key)
+            if found is None:
+                raise ToolError(ErrorCode.NOT_RECORDED, f"not recorded: this replay set holds no output of "
+                                f"{spec.name} with these arguments for this patient")  # fmt: skip
+            return found
+
+        return run
+
+
+def _result(content: Any, base: Path, where: str) -> ToolResult:
+    if isinstance(content, str):
+        return ToolResult(content)
+    texts, images = [], []
+    for part in content or []:
+        if part.get("type") == "text":
+            texts.append(part.get("text", ""))
+        elif part.get("type") == "image":
+            path = base / part["image"]
+            if not path.is_file():
+                raise TrajectoryFormatError(f"{where}: image {part['image']!r} not found")
+            png = path.read_bytes()
+            with Image.open(path) as image:
+                images.append(ToolImage(png, image.width, image.height))
+    return ToolResult("\n".join(texts), tuple(images))
