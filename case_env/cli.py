@@ -241,7 +241,7 @@ def eval_(
         ..., "--bank", help="A bank parquet file, or a bank directory (all its splits)."
     ),
     server_url: str = typer.Option(..., "--server", help="Base URL of a running case-env server."),
-    agent: str = typer.Option(..., "--agent", help="scripted, vision, no-tool or random."),
+    agent: str = typer.Option(..., "--agent", help="openai, scripted, vision, no-tool or random."),
     out: Path = typer.Option(
         ..., "--out", help="Directory for trajectories.jsonl, images/ and results.json."
     ),

@@ -35,7 +35,13 @@ def live_server(
 ) -> Iterator[LiveServer]:
     server_settings = ServerSettings(host="127.0.0.1", port=0, audit_log=tmp / "audit.jsonl", **settings)
     data = DataSettings(data_root=root, cache_dir=tmp / "cache")
-    app = create_app(server_settings, data, tool_specs)
+    with serve_app(create_app(server_settings, data, tool_specs)) as live:
+        yield live
+
+
+@contextmanager
+def serve_app(app) -> Iterator[LiveServer]:
+    """Any ASGI app under real uvicorn on a free loopback port."""
     config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)

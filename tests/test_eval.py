@@ -141,3 +141,25 @@ def test_replay_reproduces_every_tool_output_and_reward(bank, server, dataset, t
         assert [m["content"] for m in record["messages"]] == [m["content"] for m in original["messages"]]
         for mine, theirs in zip(record["images"], original["images"], strict=True):
             assert (tmp_path / "again" / mine).read_bytes() == (live / theirs).read_bytes()
+
+
+def test_openai_agent_end_to_end_through_a_chat_server(bank, server, tmp_path):
+    from case_env.eval.bank import load_items
+    from case_env.eval.openai_agent import ModelSettings
+    from tests.openai_stub import StubModel
+    from tests.server_harness import serve_app
+
+    items = load_items(bank / "test.parquet")
+    stub = StubModel({item.prompt[1]["content"]: item.extra for item in items})
+    with serve_app(stub.app) as chat:
+        model = ModelSettings(base_url=f"{chat.url}/v1", model="stub", max_turns=40)
+        results = run_eval(bank / "test.parquet", server.url, "openai", tmp_path, concurrency=2, progress=False,
+                           model=model)  # fmt: skip
+    assert results["overall"]["accuracy"] == 1.0 and results["overall"]["n"] == len(items)
+    assert stub.malformed_replies >= len(items)  # every conversation recovered from its malformed call
+    assert stub.images_seen > 0  # radiologist images reached the model as image parts
+    personas_tools = {frozenset(item.extra["tool_selection"]) for item in items}
+    assert {frozenset(names) for names in stub.tool_names_offered} == personas_tools
+    record = next(r for r in read(tmp_path / FILENAME) if r["images"])
+    assert record["messages"][2]["tool_calls"][0]["function"]["arguments"] == "{not json"
+    assert all((tmp_path / relative).is_file() for relative in record["images"])

@@ -31,6 +31,10 @@ class ToolOutput:
 class Decision:
     letter: str
     reason: str
+    text: str | None = None  # a model's own final message; policies without a model leave it to the runner
+
+    def final_message(self) -> str:
+        return self.text if self.text is not None else f"{self.reason}\n<answer>{self.letter}</answer>"
 
 
 class Agent:
@@ -75,4 +79,4 @@ class LoopPolicy:
             self.calls.append(move)
             return tool_call_text(*move)
         decision = self.agent.decide(outputs)
-        return f"{decision.reason}\n<answer>{decision.letter}</answer>"
+        return decision.final_message()

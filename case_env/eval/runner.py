@@ -20,28 +20,40 @@ from case_env.agents.direct import run_episode
 from case_env.eval import trajectory
 from case_env.eval.bank import Item, load_items, reference_rows
 from case_env.eval.baselines import LeavePatientOut, NoToolAgent, RandomAgent
+from case_env.eval.openai_agent import ModelSettings, OpenAIAgent
 from case_env.reward import compute_score
 
-AGENTS = ("scripted", "vision", "no-tool", "random")
+AGENTS = ("openai", "scripted", "vision", "no-tool", "random")
+
+# An agent is made per item, from the item and the OpenAI schemas of the row's tools.
+AgentFactory = Callable[[Item, list[dict]], Agent]
 
 
-def agent_factory(name: str, bank: Path, seed: int = 0) -> Callable[[dict], Agent]:
+def agent_factory(name: str, bank: Path, seed: int = 0, model: ModelSettings | None = None) -> AgentFactory:
     from case_env.agents import scripted_agent
     from case_env.agents.scripted import TextAgent
 
+    if name == "openai":
+        if model is None:
+            raise ValueError("the openai agent needs --model-url and --model")
+        import openai
+
+        client = openai.OpenAI(base_url=model.base_url, api_key=model.api_key, max_retries=2)
+        return lambda item, tools: OpenAIAgent(item.extra, item.prompt, tools, model, client)
     if name == "scripted":
-        return TextAgent  # tool text only, also on image questions: that is what it measures
+        return lambda item, _tools: TextAgent(item.extra)  # tool text only, also on image questions
     if name == "vision":
-        return scripted_agent  # pixels for image questions; a vision policy reads the text of the others
+        # pixels for image questions; a vision policy reads the text of the others
+        return lambda item, _tools: scripted_agent(item.extra)
     if name == "random":
-        return lambda extra: RandomAgent(extra, seed)
+        return lambda item, _tools: RandomAgent(item.extra, seed)
     if name == "no-tool":
         priors = LeavePatientOut(reference_rows(bank))
         lock = threading.Lock()  # agents are made on pool threads; fit each patient's prior once
 
-        def no_tool(extra: dict) -> Agent:
+        def no_tool(item: Item, _tools: list[dict]) -> Agent:
             with lock:
-                return NoToolAgent(extra, seed, priors)
+                return NoToolAgent(item.extra, seed, priors)
 
         return no_tool
     raise ValueError(f"unknown agent {name!r}; choose one of {', '.join(AGENTS)}")
@@ -74,9 +86,9 @@ def summarise(records: list[dict], agent: str, bank: str, server_version: str) -
 
 
 def run_eval(bank: Path, server_url: str, agent: str, out: Path, concurrency: int = 4, limit: int | None = None,
-             resume: bool = False, token: str | None = None, max_calls: int = 32, progress: bool = True
-             ) -> dict:  # fmt: skip
-    make_agent = agent_factory(agent, bank)
+             resume: bool = False, token: str | None = None, max_calls: int = 32, progress: bool = True,
+             model: ModelSettings | None = None) -> dict:  # fmt: skip
+    make_agent = agent_factory(agent, bank, model=model)
     items = load_items(bank)[:limit] if limit else load_items(bank)
     out.mkdir(parents=True, exist_ok=True)
     path = out / trajectory.FILENAME
@@ -95,14 +107,14 @@ def run_eval(bank: Path, server_url: str, agent: str, out: Path, concurrency: in
     def one(item: Item) -> None:
         if not hasattr(local, "client"):
             local.client = httpx.Client(base_url=server_url, headers=headers, timeout=60.0)
-        policy = make_agent(item.extra)
-        episode = f"eval-{uuid.uuid4().hex}"
-        decision, outputs = run_episode(local.client, policy, item.extra["patient_id"], episode, max_calls)
-        final = f"{decision.reason}\n<answer>{decision.letter}</answer>"
-        score = compute_score(item.data_source, final, item.ground_truth, item.extra)
         allowed = set(item.extra.get("tool_selection") or [])
         schemas = [t["schema"] for t in tools["tools"] if not allowed or t["name"] in allowed]
-        record = trajectory.to_record(item, outputs, decision, score, out, schemas)
+        policy = make_agent(item, schemas)
+        episode = f"eval-{uuid.uuid4().hex}"
+        decision, outputs = run_episode(local.client, policy, item.extra["patient_id"], episode, max_calls)
+        score = compute_score(item.data_source, decision.final_message(), item.ground_truth, item.extra)
+        transcript = getattr(policy, "messages", None)
+        record = trajectory.to_record(item, outputs, decision, score, out, schemas, transcript)
         record["options"] = len(item.extra["options"])
         with lock, path.open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(record, ensure_ascii=False) + "\n")

@@ -7,6 +7,8 @@ relative path, so a directory of trajectories is self-contained and other tools'
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,31 +25,16 @@ def case_folder(patient_id: str) -> str:
 
 
 def to_record(item: Item, outputs: list[ToolOutput], decision: Decision, score: dict, out: Path,
-              tools: list[dict]) -> dict:  # fmt: skip
-    """Build the record and save its images under `out`."""
+              tools: list[dict], transcript: list[dict] | None = None) -> dict:  # fmt: skip
+    """Build the record and save its images under `out`. A model's own `transcript` (with image parts as data
+    URLs) is kept as it was, malformed calls included; otherwise the conversation is built from the calls."""
     extra = item.extra
     folder = case_folder(extra["patient_id"])
-    messages: list[dict] = [dict(m) for m in item.prompt]
-    images: list[str] = []
-    for n, output in enumerate(outputs):
-        call_id = f"call_{n}"
-        messages.append({"role": "assistant", "content": "", "tool_calls": [
-            {"id": call_id, "type": "function",
-             "function": {"name": output.tool, "arguments": json.dumps(output.arguments, sort_keys=True)}}]})  # fmt: skip
-        content: list[dict] = []
-        if output.image is not None:
-            relative = f"images/{folder}/img_{item.key}_{n:02d}.png"
-            (out / relative).parent.mkdir(parents=True, exist_ok=True)
-            if output.png is not None:
-                (out / relative).write_bytes(output.png)
-            else:
-                output.image.save(out / relative)
-            images.append(relative)
-            content.append({"type": "image", "image": relative})
-        content.append({"type": "text", "text": output.text})
-        messages.append({"role": "tool", "tool_call_id": call_id, "name": output.tool, "content": content})
-    final = f"{decision.reason}\n<answer>{decision.letter}</answer>"
-    messages.append({"role": "assistant", "content": final})
+    if transcript is not None:
+        messages, images = _from_transcript(transcript, item.key, folder, out)
+    else:
+        messages, images = _from_outputs(item, outputs, folder, out)
+        messages.append({"role": "assistant", "content": decision.final_message()})
     return {
         "id": item.key,
         "persona": _persona(item.data_source),
@@ -67,6 +54,58 @@ def to_record(item: Item, outputs: list[ToolOutput], decision: Decision, score: 
         "format_ok": bool(score["format_ok"]),
         "tool_calls": len(outputs),
     }
+
+
+def _save(out: Path, relative: str, png: bytes) -> None:
+    (out / relative).parent.mkdir(parents=True, exist_ok=True)
+    (out / relative).write_bytes(png)
+
+
+def _from_transcript(
+    transcript: list[dict], key: str, folder: str, out: Path
+) -> tuple[list[dict], list[str]]:
+    messages, images = [], []
+    for message in transcript:
+        content = message.get("content")
+        if isinstance(content, list):
+            parts = []
+            for part in content:
+                url = (part.get("image_url") or {}).get("url", "") if part.get("type") == "image_url" else ""
+                if url.startswith("data:image/png;base64,"):
+                    relative = f"images/{folder}/img_{key}_{len(images):02d}.png"
+                    _save(out, relative, base64.b64decode(url.split(",", 1)[1]))
+                    images.append(relative)
+                    parts.append({"type": "image", "image": relative})
+                else:
+                    parts.append(part)
+            message = {**message, "content": parts}
+        messages.append(message)
+    return messages, images
+
+
+def _from_outputs(
+    item: Item, outputs: list[ToolOutput], folder: str, out: Path
+) -> tuple[list[dict], list[str]]:
+    messages: list[dict] = [dict(m) for m in item.prompt]
+    images: list[str] = []
+    for n, output in enumerate(outputs):
+        call_id = f"call_{n}"
+        messages.append({"role": "assistant", "content": "", "tool_calls": [
+            {"id": call_id, "type": "function",
+             "function": {"name": output.tool, "arguments": json.dumps(output.arguments, sort_keys=True)}}]})  # fmt: skip
+        content: list[dict] = []
+        if output.image is not None:
+            relative = f"images/{folder}/img_{item.key}_{n:02d}.png"
+            if output.png is None:
+                buffer = io.BytesIO()
+                output.image.save(buffer, format="PNG")
+                output.png = buffer.getvalue()
+            _save(out, relative, output.png)
+            images.append(relative)
+            content.append({"type": "image", "image": relative})
+        content.append({"type": "text", "text": output.text})
+        messages.append({"role": "tool", "tool_call_id": call_id, "name": output.tool, "content": content})
+    return messages, images
 
 
 def _persona(data_source: str) -> str:
