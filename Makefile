@@ -14,7 +14,7 @@ DEMO_PATIENTS ?= 10
 DEMO_PROFILE  ?= ci
 DEMO_SEED     ?= 0
 
-.PHONY: demo test lint format bench-data clean
+.PHONY: demo test lint format bench-data clean browser
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -31,8 +31,13 @@ demo: $(STAMP)
 	$(BIN)/case-env bank build --data-root $(DEMO_ROOT) --out $(DEMO_BANK) --seed $(DEMO_SEED)
 	$(BIN)/case-env rollouts --bank $(DEMO_BANK) --split train --data-root $(DEMO_ROOT) --per-source 8
 
-test: $(STAMP) lint
+test: $(STAMP) lint browser
 	$(BIN)/python -m pytest
+
+# The report test opens report.html in a real headless Chromium (Debian's package; needs root to install).
+browser:
+	@command -v chromium >/dev/null || { apt-get update -q && DEBIAN_FRONTEND=noninteractive \
+		apt-get install -y -q --no-install-recommends chromium fonts-dejavu-core; }
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -272,7 +272,7 @@ def eval_(
         typer.echo(f"{source:18s} {s['n']:4d} {s['accuracy']:9.3f} {s['chance']:7.3f} "
                    f"{s['mean_tool_calls']:11.1f} {s['format_error_rate']:11.3f}")  # fmt: skip
     typer.echo(f"{'overall':18s} {results['overall']['n']:4d} {results['overall']['accuracy']:9.3f}")
-    typer.echo(f"wrote {out / 'results.json'}")
+    typer.echo(f"wrote {out / 'results.json'}, {out / 'report.html'} and {out / 'trajectories.jsonl'}")
 
 
 @traj_app.command("to-sft")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from PIL import Image
 
@@ -116,14 +117,15 @@ def test_trajectories_become_verl_multiturn_sft_rows(bank, server, tmp_path):
     assert item["loss_mask"].sum() > 0
 
 
-def test_replay_reproduces_every_tool_output_and_reward(bank, server, dataset, tmp_path):
+@pytest.mark.parametrize("agent", ["scripted", "vision"])
+def test_replay_reproduces_every_tool_output_and_reward(bank, server, tmp_path, agent):
     import httpx
 
     live = tmp_path / "live"
-    first = run_eval(bank / "test.parquet", server.url, "vision", live, concurrency=2, progress=False)
+    first = run_eval(bank / "test.parquet", server.url, agent, live, concurrency=2, progress=False)
     # the replay server sees no imaging data at all
     with live_server(tmp_path / "no-data", tmp_path / "replay-server", replay_dir=live) as replayed:
-        again = run_eval(bank / "test.parquet", replayed.url, "vision", tmp_path / "again", concurrency=2,
+        again = run_eval(bank / "test.parquet", replayed.url, agent, tmp_path / "again", concurrency=2,
                          progress=False)  # fmt: skip
         with httpx.Client(base_url=replayed.url) as client:
             patient = next(read(live / FILENAME))["patient_id"]
@@ -163,3 +165,41 @@ def test_openai_agent_end_to_end_through_a_chat_server(bank, server, tmp_path):
     record = next(r for r in read(tmp_path / FILENAME) if r["images"])
     assert record["messages"][2]["tool_calls"][0]["function"]["arguments"] == "{not json"
     assert all((tmp_path / relative).is_file() for relative in record["images"])
+    # a chat transcript replays too: images come back from the user message that followed each tool reply
+    with live_server(tmp_path / "no-data", tmp_path / "replay", replay_dir=tmp_path) as replayed, \
+            serve_app(stub.app) as chat:  # fmt: skip
+        model = ModelSettings(base_url=f"{chat.url}/v1", model="stub", max_turns=40)
+        again = run_eval(bank / "test.parquet", replayed.url, "openai", tmp_path / "again", concurrency=2,
+                         progress=False, model=model)  # fmt: skip
+    assert again["by_data_source"] == results["by_data_source"]
+
+
+def test_report_renders_in_headless_chromium(bank, server, tmp_path):
+    import re
+    import shutil
+    import subprocess
+
+    chromium = shutil.which("chromium")
+    assert chromium, "Debian's chromium is missing: `make test` installs it"
+    run_eval(bank / "test.parquet", server.url, "vision", tmp_path, concurrency=2, progress=False)
+    page = (tmp_path / "report.html").as_uri()
+    flags = [
+        chromium,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--hide-scrollbars",
+        "--virtual-time-budget=5000",
+    ]
+    dom = subprocess.run([*flags, "--dump-dom", page], capture_output=True, text=True, timeout=120).stdout
+    body = dict(re.findall(r'data-([a-z-]+)="(\d+)"', re.search(r"<body[^>]*>", dom).group()))
+    assert body["images-broken"] == "0"
+    assert int(body["images-ok"]) >= 3  # two plots and at least one inline tool image
+    assert int(body["table-rows"]) == 3  # one row per persona
+    shot = tmp_path / "report.png"
+    subprocess.run([*flags, "--window-size=1200,2200", f"--screenshot={shot}", page], capture_output=True,
+                   timeout=120, check=True)  # fmt: skip
+    pixels = np.asarray(Image.open(shot).convert("L"))
+    assert pixels.shape == (2200, 1200)
+    # the page is not blank: text, table borders and plots put dark pixels into many rows of the screenshot
+    assert (pixels < 128).any(axis=1).mean() > 0.2

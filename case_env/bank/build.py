@@ -67,11 +67,13 @@ def build(store: PatientStore, seed: int, fractions: tuple[float, float, float])
     questions: list[Question] = assign_letters(drafts, FrozenDraw(seed, "letters"))
     patients = split_patients([f.patient_id for f in facts], fractions, seed)
     split_of = {pid: split for split, pids in patients.items() for pid in pids}
+    scenario_of = {f.patient_id: f.scenario for f in facts}
     version = schema_version(load_tools())
     rows: dict[str, list[dict]] = {split: [] for split in SPLITS}
     for index, question in enumerate(questions):
         split = split_of[question.draft.patient_id]
-        rows[split].append(to_row(question, index, split, version))
+        scenario = scenario_of[question.draft.patient_id]
+        rows[split].append(to_row(question, index, split, version, scenario))
     return BankResult(rows, patients, skipped)
 
 

@@ -45,7 +45,7 @@ def tools_kwargs(patient_id: str) -> dict:
     return {name: {"create_kwargs": {"patient_id": patient_id}} for name in load_tools()}
 
 
-def to_row(question: Question, index: int, split: str, schema_version: str) -> dict:
+def to_row(question: Question, index: int, split: str, schema_version: str, scenario: str = "") -> dict:
     draft = question.draft
     persona = personas()[draft.persona]
     extra = {
@@ -61,6 +61,7 @@ def to_row(question: Question, index: int, split: str, schema_version: str) -> d
         "teacher_insight": draft.insight,
         "evidence": draft.evidence,
         "template": draft.template,
+        "scenario": scenario,  # for reports only; agents never read it
         "need_tools_kwargs": True,
         "tool_schema_version": schema_version,
     }

@@ -21,6 +21,7 @@ from case_env.eval import trajectory
 from case_env.eval.bank import Item, load_items, reference_rows
 from case_env.eval.baselines import LeavePatientOut, NoToolAgent, RandomAgent
 from case_env.eval.openai_agent import ModelSettings, OpenAIAgent
+from case_env.eval.report import write_report
 from case_env.reward import compute_score
 
 AGENTS = ("openai", "scripted", "vision", "no-tool", "random")
@@ -132,4 +133,5 @@ def run_eval(bank: Path, server_url: str, agent: str, out: Path, concurrency: in
     records = [r for r in trajectory.read(path) if r["id"] in keys]
     results = summarise(records, agent, str(bank), server_version)
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    write_report(out)
     return results

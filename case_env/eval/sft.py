@@ -25,7 +25,9 @@ class TrajectoryFormatError(ValueError):
 
 def trajectory_files(source: Path) -> list[Path]:
     if source.is_dir():
-        files = sorted(source.rglob("*.jsonl"))
+        # eval runs name theirs trajectories.jsonl (a run folder also holds other JSONL, e.g. audit logs);
+        # a folder written by another tool may name them anything
+        files = sorted(source.rglob(trajectory.FILENAME)) or sorted(source.rglob("*.jsonl"))
         if not files:
             raise FileNotFoundError(f"no .jsonl trajectory files under {source}")
         return files

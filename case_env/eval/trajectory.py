@@ -43,6 +43,7 @@ def to_record(item: Item, outputs: list[ToolOutput], decision: Decision, score: 
         "patient_id": extra["patient_id"],
         "question_id": item.key,
         "template": extra.get("template"),
+        "scenario": extra.get("scenario", ""),
         "tools": tools,
         "messages": messages,
         "answer": decision.letter,

@@ -53,12 +53,17 @@ class ReplayBook:
             raise TrajectoryFormatError(f"{where}: a replayable trajectory needs 'patient_id' and 'messages'")
         self.patients.add(patient)
         pending: dict[str, tuple[str, dict]] = {}
+        last: tuple[str, str, str] | None = None  # the entry of the latest tool reply
         for message in record["messages"]:
             for call in message.get("tool_calls") or []:
                 arguments = call["function"]["arguments"]
-                arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
+                try:
+                    arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
+                except json.JSONDecodeError:
+                    arguments = None  # a malformed call never reached the server
                 pending[call.get("id", "")] = (call["function"]["name"], arguments)
             if message.get("role") == "tool":
+                last = None
                 name, arguments = pending.pop(message.get("tool_call_id", ""), (message.get("name"), None))
                 spec = tools.get(name or "")
                 if spec is None or arguments is None:
@@ -71,6 +76,14 @@ class ReplayBook:
                 if key in self.entries and self.entries[key] != result:
                     self.conflicts += 1
                 self.entries.setdefault(key, result)
+                last = key
+            elif message.get("role") == "user" and isinstance(message.get("content"), list) and last:
+                # a chat transcript carries a tool's image in the user message right after the tool reply
+                images = _result(message["content"], base, where).images
+                if images and not self.entries[last].images:
+                    self.entries[last] = dataclasses.replace(self.entries[last], images=images)
+            if message.get("role") not in ("tool", "user"):
+                last = None
 
     def bind(self, tools: dict[str, ToolSpec]) -> dict[str, ToolSpec]:
         """The same tools (schemas, validation, pools) answering from this book."""
