@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from PIL import Image
+from pydantic import BaseModel
 
 from case_env.eval import trajectory
 from case_env.eval.sft import TrajectoryFormatError, trajectory_files
@@ -27,7 +28,11 @@ log = logging.getLogger("case_env.replay")
 
 def canonical(spec: ToolSpec, arguments: dict[str, Any]) -> str:
     """The arguments as the tool understands them; raises ToolError exactly as a live call would."""
-    return json.dumps(spec.parse(arguments).model_dump(mode="json"), sort_keys=True)
+    return _serialise(spec.parse(arguments))
+
+
+def _serialise(args: BaseModel) -> str:
+    return json.dumps(args.model_dump(mode="json"), sort_keys=True)
 
 
 @dataclass
@@ -91,7 +96,7 @@ class ReplayBook:
 
     def _handler(self, spec: ToolSpec):
         def run(ctx: ToolContext, args) -> ToolResult:
-            key = (ctx.patient_id, spec.name, json.dumps(args.model_dump(mode="json"), sort_keys=True))
+            key = (ctx.patient_id, spec.name, _serialise(args))  # already parsed by the route
             found = self.entries.get(key)
             if found is None:
                 raise ToolError(ErrorCode.NOT_RECORDED, f"not recorded: this replay set holds no output of "
