@@ -113,6 +113,10 @@ def serve(
     replay: Path = typer.Option(
         None, "--replay", help="Serve recorded tool outputs from trajectory files (no data root needed)."
     ),
+    on_ray: bool = typer.Option(
+        False, "--ray", help="Deploy as Ray Serve replicas (the cluster in RAY_ADDRESS, else a local Ray)."
+    ),
+    replicas: int = typer.Option(2, "--replicas", min=1, help="Ray Serve replicas (with --ray)."),
 ) -> None:
     """Run the tool server. With CASE_ENV_TOKEN set, /v1 routes and /metrics require `Authorization: Bearer`."""
     import tempfile
@@ -132,7 +136,8 @@ def serve(
     }
     for key, value in overrides.items():
         if value is not None:
-            os.environ[f"CASE_ENV_{key}"] = str(value)  # workers are separate processes: pass settings down
+            # workers and replicas are separate processes, maybe in another directory: pass settings down
+            os.environ[f"CASE_ENV_{key}"] = str(value.resolve() if isinstance(value, Path) else value)
     settings = ServerSettings()
     data = DataSettings()
     if not _is_loopback(settings.host) and settings.token is None:
@@ -146,12 +151,38 @@ def serve(
     elif not data.data_root.is_dir():
         _fail(f"data root {data.data_root} is not a directory (run `case-env synth` or set --data-root)", 2)
     with tempfile.TemporaryDirectory(prefix="case-env-") as run_dir:
+        if on_ray:
+            _serve_on_ray(settings, data, replicas, Path(run_dir))
+            return
         if settings.workers > 1:
             os.environ["PROMETHEUS_MULTIPROC_DIR"] = run_dir
             if settings.episode_db is None:
                 os.environ["CASE_ENV_EPISODE_DB"] = str(Path(run_dir) / "episodes.sqlite")
         uvicorn.run("case_env.server.app:create_app", factory=True, host=settings.host, port=settings.port,
                     workers=settings.workers, log_level=log_level)  # fmt: skip
+
+
+def _serve_on_ray(settings, data, replicas: int, run_dir: Path) -> None:
+    import signal
+    import threading
+
+    from case_env.server.ray_serve import deploy, settings_env
+
+    if settings.episode_db is None:  # every replica must see every episode's binding
+        os.environ["CASE_ENV_EPISODE_DB"] = str(run_dir / "episodes.sqlite")
+    os.environ.setdefault("CASE_ENV_DATA_ROOT", str(data.data_root.resolve()))
+    os.environ.setdefault("CASE_ENV_CACHE_DIR", str(data.cache_dir.resolve()))
+    shutdown = deploy(replicas, settings.host, settings.port, settings_env())
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    typer.echo(
+        f"case-env on Ray Serve: {replicas} replica(s) at http://{settings.host}:{settings.port}", err=True
+    )
+    try:
+        stop.wait()
+    finally:
+        shutdown()
 
 
 @data_app.command("check")
@@ -251,17 +282,44 @@ def eval_(
     token: str | None = typer.Option(
         None, "--token", envvar="CASE_ENV_TOKEN", help="Bearer token of the server."
     ),
+    repeats: int = typer.Option(
+        1, "--repeats", min=1, help="Rollouts per question; accuracy is the mean over all of them."
+    ),
+    seed: int = typer.Option(0, "--seed", help="Seed of the random and no-tool agents' draws."),
+    model_url: str | None = typer.Option(
+        None,
+        "--model-url",
+        help="openai agent: base URL of an OpenAI-compatible server, e.g. http://host:8000/v1.",
+    ),
+    model_name: str | None = typer.Option(None, "--model", help="openai agent: model name to request."),
+    api_key: str = typer.Option("EMPTY", "--api-key", envvar="OPENAI_API_KEY", help="openai agent: API key."),
+    max_turns: int = typer.Option(16, "--max-turns", min=1, help="openai agent: model turns per question."),
+    call_timeout: float = typer.Option(
+        120.0, "--call-timeout", min=1.0, help="openai agent: seconds per chat completion call."
+    ),
+    temperature: float = typer.Option(
+        0.0, "--temperature", min=0.0, help="openai agent: sampling temperature."
+    ),
 ) -> None:
     """Evaluate a policy over a bank against a live server; prints accuracy per data source."""
     import httpx
 
+    from case_env.eval.openai_agent import ModelSettings
     from case_env.eval.runner import AGENTS, run_eval
+    from case_env.eval.trajectory import TrajectoryFormatError
 
     if agent not in AGENTS:
         _fail(f"unknown agent {agent!r}; choose one of {', '.join(AGENTS)}", 2)
+    model = None
+    if agent == "openai":
+        if not model_url or not model_name:
+            _fail("the openai agent needs --model-url and --model", 2)
+        model = ModelSettings(base_url=model_url, model=model_name, api_key=api_key, max_turns=max_turns,
+                              timeout_s=call_timeout, temperature=temperature)  # fmt: skip
     try:
-        results = run_eval(bank, server_url, agent, out, concurrency, limit, resume, token)
-    except (FileNotFoundError, FileExistsError) as exc:
+        results = run_eval(bank, server_url, agent, out, concurrency, limit, resume, token, model=model,
+                           repeats=repeats, seed=seed)  # fmt: skip
+    except (FileNotFoundError, FileExistsError, TrajectoryFormatError) as exc:
         _fail(str(exc), 2)
     except httpx.HTTPError as exc:
         _fail(f"server {server_url} failed: {exc}", 1)
@@ -271,7 +329,9 @@ def eval_(
     for source, s in results["by_data_source"].items():
         typer.echo(f"{source:18s} {s['n']:4d} {s['accuracy']:9.3f} {s['chance']:7.3f} "
                    f"{s['mean_tool_calls']:11.1f} {s['format_error_rate']:11.3f}")  # fmt: skip
-    typer.echo(f"{'overall':18s} {results['overall']['n']:4d} {results['overall']['accuracy']:9.3f}")
+    overall = results["overall"]
+    typer.echo(f"{'overall':18s} {overall['n']:4d} {overall['accuracy']:9.3f}"
+               + (f"   ({overall['questions']} questions x {overall['repeats']} rollouts)" if overall["repeats"] > 1 else ""))  # fmt: skip
     typer.echo(f"wrote {out / 'results.json'}, {out / 'report.html'} and {out / 'trajectories.jsonl'}")
 
 
@@ -369,30 +429,58 @@ def bench_data(
 @bench_app.command("server")
 def bench_server(
     data_root: Path = typer.Option(
-        Path("data/synthetic"), "--data-root", help="Data root (generated if missing)."
+        Path("data/synthetic"), "--data-root", help="Data root (10 ci-profile patients generated if missing)."
     ),
-    out: Path = typer.Option(Path("bench-out/server"), "--out", help="Directory for bench.json."),
-    clients: int = typer.Option(32, "--clients", min=1, help="Concurrent virtual rollouts."),
-    duration: float = typer.Option(20.0, "--duration", min=1, help="Measured seconds (after warm-up)."),
-    warmup: float = typer.Option(3.0, "--warmup", min=0, help="Unmeasured seconds first (caches fill)."),
-    workers: int = typer.Option(1, "--workers", min=1, help="Server worker processes."),
+    out: Path = typer.Option(
+        Path("bench-out/server"), "--out", help="Directory for bench.json and bench.png."
+    ),
+    rollouts: int = typer.Option(256, "--rollouts", "--clients", min=1, help="Concurrent virtual rollouts."),
+    duration: float = typer.Option(
+        20.0, "--duration", min=1, help="Measured seconds per engine (after warm-up)."
+    ),
+    warmup: float = typer.Option(5.0, "--warmup", min=0, help="Unmeasured seconds first (caches fill)."),
+    workers: int = typer.Option(2, "--workers", min=1, help="Server worker processes (both engines)."),
+    baseline: str | None = typer.Option(
+        None, "--baseline", help="'naive': also run the naive reference engine and report ratios."
+    ),
+    cache_mb: int | None = typer.Option(
+        None, "--cache-mb", min=0, help="Decoded-volume cache budget per worker."
+    ),
+    think_ms: float = typer.Option(
+        0.0, "--think-ms", min=0, help="Mean model time before each call (exponential); 0 = closed loop."
+    ),
+    group_size: int = typer.Option(
+        1,
+        "--group-size",
+        min=1,
+        help="Rollouts per GRPO group sharing patient and calls (1: all independent).",
+    ),
 ) -> None:
-    """Per-tool latency and throughput of `case-env serve` under concurrent episodes."""
+    """Throughput, per-tool latency, errors, server CPU and peak RSS of `case-env serve` under concurrent rollouts."""
     from case_env.bench.server import run_server_bench
     from case_env.synth.writer import generate_dataset
 
+    if baseline not in (None, "naive"):
+        _fail(f"unknown baseline {baseline!r}; the only one is 'naive'", 2)
     if not data_root.is_dir():
         typer.echo(f"{data_root} missing: generating 10 ci-profile patients")
         generate_dataset(data_root, 10, "ci", 0, jobs=os.cpu_count() or 1)
-    result = run_server_bench(data_root, out, clients, duration, workers, warmup)
-    typer.echo(
-        f"{result['calls_per_s']} calls/s with {clients} clients, {workers} worker(s); errors {result['errors']}"
+    result = run_server_bench(
+        data_root, out, rollouts, duration, workers, warmup, baseline, cache_mb, think_ms, group_size
     )
-    typer.echo(f"{'tool':22s} {'n':>6s} {'p50 ms':>8s} {'p95 ms':>8s} {'p99 ms':>8s}")
-    for tool, figures in result["latency_ms"].items():
-        typer.echo(
-            f"{tool:22s} {figures['n']:6d} {figures['p50']:8.1f} {figures['p95']:8.1f} {figures['p99']:8.1f}"
-        )
+    for engine, run in result["runs"].items():
+        typer.echo(f"\n{engine}: {run['calls_per_s']} calls/s, {rollouts} rollouts, {workers} worker(s), "
+                   f"server CPU {run['server_cpu_cores']} cores, peak RSS {run['server_peak_rss_mb']} MB, "
+                   f"errors {run['errors'] or 'none'}")  # fmt: skip
+        typer.echo(f"  {'tool':22s} {'n':>7s} {'p50 ms':>8s} {'p95 ms':>8s} {'p99 ms':>8s}")
+        for tool, f in {**run["latency_ms"], "all": run["latency_ms_all"]}.items():
+            typer.echo(f"  {tool:22s} {f['n']:7d} {f['p50']:8.1f} {f['p95']:8.1f} {f['p99']:8.1f}")
+    if "ratio_vs_naive" in result:
+        r = result["ratio_vs_naive"]
+        typer.echo(f"\nvs naive: {r['throughput']}x throughput, {r['p99']}x lower p99")
+    met = result["met"]
+    typer.echo("targets: " + ", ".join(f"{k} {'met' if v else 'MISSED'}" for k, v in met.items()))
+    typer.echo(f"wrote {out / 'bench.json'} and {out / 'bench.png'}")
 
 
 def main() -> None:

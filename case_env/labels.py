@@ -13,6 +13,7 @@ Sources: the VISTA3D label dict as published in MONAI's model-zoo `models/vista3
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -208,6 +209,7 @@ _NAMED_COLOURS = {
 }  # fmt: skip
 
 
+@functools.cache
 def colour_name(hex_colour: str) -> str:
     """The nearest plain colour name, for legends a model reads ("liver: orange")."""
     rgb = [int(hex_colour[i : i + 2], 16) for i in (1, 3, 5)]

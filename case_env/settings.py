@@ -26,6 +26,17 @@ class DataSettings(BaseSettings):
         description="Upper bound on decoded volumes kept in memory (bytes). A ci-profile patient (two visits, "
         "four channels and labels) takes about 33 MB, a full-profile one about 260 MB.",
     )
+    decoded_bytes: int = Field(
+        16 * 1024**3,
+        ge=0,
+        description="Disk budget for decoded volumes under cache_dir/decoded, memory-mapped and shared by all "
+        "workers (0: every worker decodes into its own memory).",
+    )
+    stat_ttl_s: float = Field(
+        1.0,
+        ge=0,
+        description="Seconds a file's stat (mtime, size) is trusted before a replaced file is noticed.",
+    )
     cache_dir: Path = Field(
         default_factory=default_cache_dir,
         description="Directory for derived data (volumetry of roots without a volumes TSV); never inside "

@@ -161,6 +161,13 @@ class ToolSpec:
             raise ToolError(ErrorCode.INVALID_ARGUMENTS, describe_invalid(exc, self)) from None
 
 
+def canonical_arguments(args: BaseModel) -> str:
+    """Parsed arguments as one string, defaults filled in and keys sorted: two spellings of the same call
+    (`40` and `40.0`, an omitted default and the default given) are the same call. Keys recorded replays and
+    cached responses."""
+    return json.dumps(args.model_dump(mode="json"), sort_keys=True)
+
+
 def _resolve(prop: dict, defs: dict) -> dict:
     """Inline $ref / allOf / Optional (anyOf with null) so that a property is a plain JSON type."""
     if "$ref" in prop:

@@ -266,3 +266,47 @@ def test_a_corrupt_volume_fails_for_that_file_only(dataset, tmp_path):
     # A failed load is not cached: once the file is repaired it loads.
     shutil.copy(dataset / layout.channel_image(SUB, "ses-01", "fat"), path)
     assert store.image("case0001", "baseline", "fat").data.dtype == np.int16
+
+
+def test_decoded_volumes_are_shared_through_the_disk_and_follow_file_changes(dataset, tmp_path):
+    root = copy_patient(dataset, tmp_path / "root")
+    first = store_for(root, tmp_path)
+    water = first.image("case0001", "baseline", "water")
+    decoded = sorted((tmp_path / "cache" / "decoded").glob("*.npy"))
+    assert len(decoded) == 1
+    # a second worker (another store on the same cache directory) maps the file instead of decoding
+    second = store_for(root, tmp_path)
+    mapped = second.image("case0001", "baseline", "water")
+    assert isinstance(mapped.data.base, np.memmap) and not mapped.data.flags.writeable
+    assert np.array_equal(mapped.data, water.data) and np.allclose(mapped.affine, water.affine)
+    assert (mapped.slope, mapped.original_axcodes) == (water.slope, water.original_axcodes)
+    # a damaged decoded file is decoded again, not served (written beside and renamed over: truncating a file
+    # in place under live mappings would fault their readers, and the cache itself only ever renames)
+    damaged = decoded[0].with_name("damaged")
+    damaged.write_bytes(decoded[0].read_bytes()[:200])
+    damaged.replace(decoded[0])
+    third = store_for(root, tmp_path)
+    assert np.array_equal(third.image("case0001", "baseline", "water").data, water.data)
+    # a replaced source file gets its own decoded file
+    path = first.visit("case0001", "baseline").channels["water"]
+    img = nib.load(path)
+    nib.save(nib.Nifti1Image(np.asarray(img.dataobj)[::-1].copy(), img.affine, img.header), path)
+    fourth = store_for(root, tmp_path, stat_ttl_s=0)
+    assert not np.array_equal(fourth.image("case0001", "baseline", "water").data, water.data)
+    assert len(list((tmp_path / "cache" / "decoded").glob("*.npy"))) == 2
+
+
+def test_decoded_volumes_stay_within_their_disk_budget(dataset, tmp_path):
+    store = store_for(dataset, tmp_path, decoded_bytes=12 * 2**20)
+    for channel in ("water", "fat", "in", "opp"):
+        store.image("case0001", "baseline", channel)
+    sizes = [p.stat().st_size for p in (tmp_path / "cache" / "decoded").glob("*.npy")]
+    assert 0 < sum(sizes) <= 12 * 2**20 and len(sizes) < 4
+
+
+def test_unwritable_decoded_directory_falls_back_to_memory(dataset, tmp_path):
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "decoded").write_text("a file where the directory should be")
+    store = store_for(dataset, tmp_path)
+    water = store.image("case0001", "baseline", "water")
+    assert not isinstance(water.data.base, np.memmap) and water.shape[0] > 0

@@ -80,6 +80,36 @@ def test_resume_skips_finished_items_and_refuses_to_overwrite(bank, server, tmp_
     assert second["overall"]["n"] == 9 and len(ids) == len(set(ids)) == 9
 
 
+def test_repeats_roll_each_question_out_several_times_and_resume(bank, server, tmp_path):
+    from case_env.eval.trajectory import TrajectoryFormatError
+
+    first = run_eval(
+        bank / "test.parquet", server.url, "random", tmp_path, repeats=3, limit=5, progress=False
+    )
+    assert first["overall"] == {**first["overall"], "n": 15, "questions": 5, "repeats": 3}
+    records = list(read(tmp_path / FILENAME))
+    ids = [r["id"] for r in records]
+    assert len(set(ids)) == 15
+    by_question: dict[str, list[dict]] = {}
+    for record in records:
+        by_question.setdefault(record["question_id"], []).append(record)
+    assert all(sorted(r["repeat"] for r in rs) == [0, 1, 2] for rs in by_question.values())
+    # each repeat is its own draw: across 5 questions x 3 repeats the letters cannot all agree per question
+    assert any(len({r["answer"] for r in rs}) > 1 for rs in by_question.values())
+    assert first["overall"]["accuracy"] == round(sum(r["reward"] for r in records) / 15, 4)
+    again = run_eval(bank / "test.parquet", server.url, "random", tmp_path, repeats=4, limit=5, resume=True,
+                     progress=False)  # fmt: skip
+    assert again["overall"]["n"] == 20
+    assert [r["id"] for r in read(tmp_path / FILENAME)][:15] == ids  # only the fourth repeat was added
+    # a damaged line in the middle is named, not skipped: skipping it would silently lose a record
+    lines = (tmp_path / FILENAME).read_text().splitlines(keepends=True)
+    lines[3] = lines[3][:50] + "\n"
+    (tmp_path / FILENAME).write_text("".join(lines))
+    with pytest.raises(TrajectoryFormatError, match=f"{FILENAME}:4: not a JSON record"):
+        run_eval(bank / "test.parquet", server.url, "random", tmp_path, repeats=4, limit=5, resume=True,
+                 progress=False)  # fmt: skip
+
+
 @pytest.mark.parametrize("agent", ["no-tool", "random"])
 def test_prompt_only_baselines_make_no_calls_and_stay_near_chance(bank, server, tmp_path, agent):
     results = run_eval(bank, server.url, agent, tmp_path, concurrency=4, progress=False)

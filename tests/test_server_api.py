@@ -375,6 +375,26 @@ def test_episodes_expire_when_idle(dataset, tmp_path):
         assert post(live.url, "list_visits", patient="case0002", episode="brief").status_code == 200
 
 
+def _open_episode_store(path: Path, barrier, n: int) -> str:
+    barrier.wait()  # every worker opens the new file at the same moment, as uvicorn starts them
+    store = EpisodeStore(path, idle_s=100.0, max_episodes=10, max_calls=4)
+    bound = store.bind("shared", f"case{n:04d}")
+    store.close()
+    return bound
+
+
+def test_workers_starting_together_share_one_episode_database(tmp_path):
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")  # worker processes, like uvicorn's; threads never collide
+    for attempt in range(3):
+        path = tmp_path / f"episodes-{attempt}.sqlite"
+        with multiprocessing.Manager() as manager, context.Pool(6) as pool:
+            barrier = manager.Barrier(6)
+            bound = pool.starmap(_open_episode_store, [(path, barrier, n) for n in range(6)])
+        assert len(set(bound)) == 1  # first writer wins, every worker agrees
+
+
 def test_episode_memory_is_bounded(tmp_path):
     store = EpisodeStore(None, idle_s=100.0, max_episodes=3, max_calls=4)
     for n in range(6):
@@ -493,3 +513,49 @@ def test_score_route_is_the_reward_function(server):
         assert response.json() == compute_score("vista3d_opsd", solution, truth)
     bad = httpx.post(f"{server.url}/v1/score", json={"solution_str": "x"}, timeout=10)
     assert bad.status_code == 422 and bad.json()["error"]["code"] == "invalid_request"
+
+
+def test_repeated_calls_answer_from_the_response_cache_until_the_data_changes(dataset, tmp_path):
+    import dataclasses
+
+    from case_env.server.app import create_app
+    from case_env.server.settings import ServerSettings
+    from case_env.settings import DataSettings
+    from tests.server_harness import serve_app
+
+    root = copy_patient(dataset, tmp_path / "root")
+    runs = {"render_slice": 0, "read_report": 0}
+    tools = load_tools()
+
+    def counted(spec: ToolSpec) -> ToolSpec:
+        def run(ctx, args):
+            runs[spec.name] += 1
+            return spec.run(ctx, args)
+
+        return dataclasses.replace(spec, run=run)
+
+    specs = {name: counted(spec) if name in runs else spec for name, spec in tools.items()}
+    app = create_app(ServerSettings(host="127.0.0.1", port=0),
+                     DataSettings(data_root=root, cache_dir=tmp_path / "cache", stat_ttl_s=0), specs)  # fmt: skip
+    arguments = {"visit": "baseline", "sequence": "fat", "plane": "coronal", "position": 40}
+    with serve_app(app) as live:
+        first = post(live.url, "render_slice", episode="g0", **arguments).json()
+        # a GRPO group: eight rollouts ask the same thing at once, with the position spelt differently
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            group = list(pool.map(lambda n: post(live.url, "render_slice", episode=f"g{n + 1}",
+                                                 **{**arguments, "position": 40.0}).json(), range(8)))  # fmt: skip
+        assert all(g["ok"] and g["images"][0]["data_b64"] == first["images"][0]["data_b64"] for g in group)
+        assert runs["render_slice"] == 1 and live.state.responses.hits >= 1
+        other = post(live.url, "render_slice", episode="g9", **{**arguments, "position": 60}).json()
+        assert other["ok"] and runs["render_slice"] == 2
+        # errors are not remembered: a bad call is checked every time
+        assert not post(live.url, "render_slice", episode="g0", **{**arguments, "plane": "oblique"}).json()[
+            "ok"
+        ]
+        before = post(live.url, "read_report", episode="r0", visit="baseline").json()["text"]
+        assert post(live.url, "read_report", episode="r1", visit="baseline").json()["text"] == before
+        assert runs["read_report"] == 1
+        path = root / layout.report(SUB, "ses-01", "md")
+        path.write_text(path.read_text() + "\nAddendum: reviewed again.\n")
+        after = post(live.url, "read_report", episode="r2", visit="baseline").json()["text"]
+        assert after != before and after.endswith("Addendum: reviewed again.") and runs["read_report"] == 2

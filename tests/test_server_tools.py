@@ -6,6 +6,7 @@ import base64
 import io
 import json
 import re
+import time
 
 import httpx
 import nibabel as nib
@@ -216,20 +217,39 @@ def test_one_window_per_sequence_for_both_visits(dataset, call):
     assert np.asarray(png(follow).convert("L")).mean() > np.asarray(png(base).convert("L")).mean()
 
 
-def test_concurrent_first_touch_loads_each_volume_once(server, dataset):
-    sub = subjects_by_scenario(dataset)["sarcopenia"]
-    loads_before = server.state.store.cache.stats().loads
+def test_concurrent_first_touch_loads_each_volume_once(dataset, tmp_path):
     import concurrent.futures
+
+    sub = subjects_by_scenario(dataset)["sarcopenia"]
 
     def one(n: int) -> int:
         body = {"episode_id": f"burst-{n}", "patient_id": pid(sub),
                 "arguments": {"visit": "baseline", "sequence": "in", "plane": "axial", "position": 40}}  # fmt: skip
         return httpx.post(f"{server.url}/v1/tools/render_slice", json=body, timeout=60).status_code
 
-    with concurrent.futures.ThreadPoolExecutor(16) as pool:
-        assert list(pool.map(one, range(16))) == [200] * 16
-    # One decode of the in-phase volume of each visit (the window pools both), nothing more.
-    assert server.state.store.cache.stats().loads - loads_before == 2
+    with live_server(dataset, tmp_path, warm_patients=False, response_cache_mb=0) as server:
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            assert list(pool.map(one, range(16))) == [200] * 16
+        # One decode of the in-phase volume of each visit (the window pools both), nothing more.
+        assert server.state.store.cache.stats().loads == 2
+
+
+def test_a_new_patient_is_warmed_in_the_background(dataset, tmp_path):
+    sub = subjects_by_scenario(dataset)["stable_control"]
+    with live_server(dataset, tmp_path) as server:
+        store = server.state.store
+        assert store.cache.stats().loads == 0
+        body = {"episode_id": "warm", "patient_id": pid(sub), "arguments": {}}
+        assert httpx.post(f"{server.url}/v1/tools/list_visits", json=body, timeout=60).json()["ok"]
+        visits = store.patient(pid(sub)).visits
+        volumes = sum(len(v.channels) + (v.organs is not None) for v in visits)
+        deadline = time.monotonic() + 60
+        while store.cache.stats().loads < volumes and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert store.cache.stats().loads == volumes  # every channel and label map of both visits, once each
+        body["arguments"] = {"visit": "follow_up", "sequence": "opp", "plane": "coronal", "overlay": True}
+        assert httpx.post(f"{server.url}/v1/tools/render_slice", json=body, timeout=60).json()["ok"]
+        assert store.cache.stats().loads == volumes  # the render found everything decoded
 
 
 def test_responses_never_carry_paths(dataset, call):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import shutil
 import statistics
 import time
 from pathlib import Path
@@ -77,6 +78,27 @@ def _slice_timings(store: PatientStore, pid: str, visit: str, repeats: int = 200
     return out
 
 
+def _patient_first_touch(root: Path, cache_dir: Path) -> dict:
+    """A whole patient (every channel and label map of both visits): decoded one volume after another, decoded
+    by `preload` in parallel (writing the shared decoded files), and mapped from those files by a fresh store,
+    as a second worker or a restarted server finds them. Median over the patients."""
+    shutil.rmtree(cache_dir, ignore_errors=True)
+    figures: dict[str, list[float]] = {"sequential": [], "preload": [], "mapped": []}
+    for name, decoded_bytes in (("sequential", 0), ("preload", 64 * 2**30), ("mapped", 64 * 2**30)):
+        settings = DataSettings(data_root=root, cache_bytes=64 * 2**30, cache_dir=cache_dir,
+                                decoded_bytes=decoded_bytes)  # fmt: skip
+        store = PatientStore(settings=settings)
+        for pid in store.patient_ids():
+            t = time.perf_counter()
+            if name == "sequential":
+                store.preload(pid, threads=1)
+            else:
+                store.preload(pid)
+            figures[name].append(time.perf_counter() - t)
+    shutil.rmtree(cache_dir, ignore_errors=True)
+    return {name: round(statistics.median(values), 3) for name, values in figures.items()}
+
+
 def bench_profile(out: Path, profile: str, patients: int, cache_mb: int) -> dict:
     root = out / profile
     start = time.perf_counter()
@@ -84,7 +106,7 @@ def bench_profile(out: Path, profile: str, patients: int, cache_mb: int) -> dict
     generation_total = time.perf_counter() - start
     per_visit = [t for s in summaries for t in s.seconds_per_visit]
 
-    settings = DataSettings(data_root=root, cache_bytes=8 * 2**30, cache_dir=out / "cache")
+    settings = DataSettings(data_root=root, cache_bytes=8 * 2**30, cache_dir=out / "cache", decoded_bytes=0)
     store = PatientStore(settings=settings)
     first_touch = []
     for pid in store.patient_ids():
@@ -94,6 +116,7 @@ def bench_profile(out: Path, profile: str, patients: int, cache_mb: int) -> dict
                 store.image(pid, vf.visit, channel)
             store.organ_labels(pid, vf.visit)
             first_touch.append(time.perf_counter() - t)
+    patient_touch = _patient_first_touch(root, out / f"touch-{profile}")
     pid = store.patient_ids()[0]
     slices = _slice_timings(store, pid, "baseline")
     visit_bytes = sum(store.image(pid, "baseline", c).nbytes for c in CHANNELS)
@@ -117,6 +140,7 @@ def bench_profile(out: Path, profile: str, patients: int, cache_mb: int) -> dict
             "max": round(max(first_touch), 3),
             "volumes_per_visit": len(CHANNELS) + 1,
         },
+        "first_touch_s_per_patient": patient_touch,
         "slice_from_cache_us": slices,
         "decoded_mb_per_visit": round(visit_bytes / 2**20, 1),
         "decoded_mb_all": round(total_bytes / 2**20, 1),

@@ -9,12 +9,15 @@ settings' cache directory, never inside the user's data tree.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
 import math
 import os
 import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +25,7 @@ import numpy as np
 
 from case_env import __version__, protocol
 from case_env.data.cache import ByteLRU
+from case_env.data.decoded import DecodedVolumes
 from case_env.data.index import DataIndex, PatientFiles, VisitFiles, scan
 from case_env.data.nifti import Geometry, NiftiReadError, Volume, load_volume, read_geometry
 from case_env.data.volumetry import OrganMeasure, measure, read_volumes, write_volumes
@@ -63,9 +67,12 @@ class PatientStore:
             self.settings = self.settings.model_copy(update={"data_root": Path(root)})
         self.index: DataIndex = scan(self.settings.data_root)
         self.cache: ByteLRU[Volume] = ByteLRU(self.settings.cache_bytes)
+        self.decoded = DecodedVolumes(self.settings.cache_dir / "decoded", self.settings.decoded_bytes)
         self._memo_lock = threading.Lock()
         self._geometry: dict[tuple, Geometry] = {}
         self._volumetry: dict[tuple, dict[str, OrganMeasure]] = {}
+        self._stats: dict[Path, tuple[float, tuple]] = {}  # path -> (valid until, file key)
+        self._fingerprints: dict[str, tuple[float, tuple]] = {}  # patient -> (valid until, fingerprint)
 
     # -- lookup --------------------------------------------------------------------------------------------
     @property
@@ -95,27 +102,57 @@ class PatientStore:
     def rel(self, path: Path) -> str:
         return self.index.rel(path)
 
+    def fingerprint(self, patient_id: str) -> tuple:
+        """(mtime, size) of every file of the patient: changes whenever any of them is replaced, so answers
+        derived from the patient's data can be cached under it. Reused for `stat_ttl_s`, like the stats."""
+        now = time.monotonic()
+        seen = self._fingerprints.get(patient_id)
+        if seen is not None and now < seen[0]:
+            return seen[1]
+        keys = []
+        for vf in self.patient(patient_id).visits:
+            paths = [*vf.channels.values(), *(vf.sidecar(c) for c in vf.channels), vf.organs, vf.lesions,
+                     vf.lesion_sidecar, vf.volumes, vf.report_md, vf.report_json, vf.phantom]  # fmt: skip
+            for path in paths:
+                if path is not None:
+                    try:
+                        keys.append(self.file_key(path, patient_id, vf.visit)[1:])
+                    except DataError:
+                        keys.append(None)  # missing now: the tool that needs it says so, uncached
+        fingerprint = tuple(keys)
+        self._fingerprints[patient_id] = (now + self.settings.stat_ttl_s, fingerprint)
+        return fingerprint
+
     # -- volumes -------------------------------------------------------------------------------------------
     def file_key(self, path: Path, patient_id: str, visit: str) -> tuple:
+        """(path, mtime, size): cache keys change when a file is replaced. The stat is reused for
+        `stat_ttl_s`, because a render touches several files and stat calls were a tenth of server time."""
+        now = time.monotonic()
+        seen = self._stats.get(path)
+        if seen is not None and now < seen[0]:
+            return seen[1]
         try:
-            st = path.stat()
+            st = os.stat(path)
         except OSError as exc:
+            self._stats.pop(path, None)
             raise DataError(
                 self.rel(path), f"cannot access file ({exc.strerror})", patient_id, visit
             ) from exc
-        return (str(path), st.st_mtime_ns, st.st_size)
+        key = (str(path), st.st_mtime_ns, st.st_size)
+        self._stats[path] = (now + self.settings.stat_ttl_s, key)
+        return key
 
     def _load(self, path: Path, patient_id: str, visit: str, as_labels: bool = False) -> Volume:
         key = (*self.file_key(path, patient_id, visit), as_labels)
 
-        def load() -> Volume:
+        def decode() -> Volume:
             try:
                 volume = load_volume(path)
             except NiftiReadError as exc:
                 raise DataError(self.rel(path), str(exc), patient_id, visit) from exc
             return _as_labels(volume, self.rel(path), patient_id, visit) if as_labels else volume
 
-        return self.cache.get(key, load)
+        return self.cache.get(key, lambda: self.decoded.fetch(key, decode))
 
     def geometry(self, path: Path, patient_id: str, visit: str) -> Geometry:
         key = self.file_key(path, patient_id, visit)
@@ -175,6 +212,28 @@ class PatientStore:
         if vf.lesions is None:
             return None
         return self._checked_labels(vf.lesions, "lesion map", patient_id, visit)
+
+    def preload(self, patient_id: str, threads: int | None = None) -> int:
+        """Decode every image channel and organ label map of every visit of a patient, several at a time
+        (gzip and the copies release the GIL), so the patient's first render does not wait for them; returns
+        the number of volumes. Errors are left for the calls that need the broken file to report."""
+        jobs = []
+        for vf in self.patient(patient_id).visits:
+            jobs += [functools.partial(self.image, patient_id, vf.visit, channel) for channel in vf.channels]
+            if vf.organs is not None:
+                jobs.append(functools.partial(self.organ_labels, patient_id, vf.visit))
+
+        def run(job) -> bool:
+            try:
+                job()
+                return True
+            except DataError:
+                return False
+
+        with ThreadPoolExecutor(
+            threads or os.cpu_count() or 1, thread_name_prefix="case-env-preload"
+        ) as pool:
+            return sum(pool.map(run, jobs))
 
     # -- small files ---------------------------------------------------------------------------------------
     def _json(self, path: Path | None, patient_id: str, visit: str) -> dict | None:

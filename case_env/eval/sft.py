@@ -17,10 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from case_env.eval import trajectory
-
-
-class TrajectoryFormatError(ValueError):
-    """A trajectory line that is not a conversation this reader understands."""
+from case_env.eval.trajectory import TrajectoryFormatError
 
 
 def trajectory_files(source: Path) -> list[Path]:

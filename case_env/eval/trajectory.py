@@ -24,19 +24,26 @@ def case_folder(patient_id: str) -> str:
     return f"case{int(digits):04d}" if digits else patient_id
 
 
+def rollout_id(item: Item, repeat: int) -> str:
+    """The record id of one rollout: the question's key, suffixed when a question is rolled out more than once."""
+    return item.key if repeat == 0 else f"{item.key}-r{repeat}"
+
+
 def to_record(item: Item, outputs: list[ToolOutput], decision: Decision, score: dict, out: Path,
-              tools: list[dict], transcript: list[dict] | None = None) -> dict:  # fmt: skip
+              tools: list[dict], transcript: list[dict] | None = None, repeat: int = 0) -> dict:  # fmt: skip
     """Build the record and save its images under `out`. A model's own `transcript` (with image parts as data
     URLs) is kept as it was, malformed calls included; otherwise the conversation is built from the calls."""
     extra = item.extra
     folder = case_folder(extra["patient_id"])
+    key = rollout_id(item, repeat)
     if transcript is not None:
-        messages, images = _from_transcript(transcript, item.key, folder, out)
+        messages, images = _from_transcript(transcript, key, folder, out)
     else:
-        messages, images = _from_outputs(item, outputs, folder, out)
+        messages, images = _from_outputs(item.prompt, key, outputs, folder, out)
         messages.append({"role": "assistant", "content": decision.final_message()})
     return {
-        "id": item.key,
+        "id": key,
+        "repeat": repeat,
         "persona": _persona(item.data_source),
         "data_source": item.data_source,
         "case_id": folder,
@@ -85,9 +92,9 @@ def _from_transcript(
 
 
 def _from_outputs(
-    item: Item, outputs: list[ToolOutput], folder: str, out: Path
+    prompt: list[dict], key: str, outputs: list[ToolOutput], folder: str, out: Path
 ) -> tuple[list[dict], list[str]]:
-    messages: list[dict] = [dict(m) for m in item.prompt]
+    messages: list[dict] = [dict(m) for m in prompt]
     images: list[str] = []
     for n, output in enumerate(outputs):
         call_id = f"call_{n}"
@@ -96,7 +103,7 @@ def _from_outputs(
              "function": {"name": output.tool, "arguments": json.dumps(output.arguments, sort_keys=True)}}]})  # fmt: skip
         content: list[dict] = []
         if output.image is not None:
-            relative = f"images/{folder}/img_{item.key}_{n:02d}.png"
+            relative = f"images/{folder}/img_{key}_{n:02d}.png"
             if output.png is None:
                 buffer = io.BytesIO()
                 output.image.save(buffer, format="PNG")
@@ -115,16 +122,29 @@ def _persona(data_source: str) -> str:
     return next((name for name, p in personas().items() if p.data_source == data_source), "")
 
 
+class TrajectoryFormatError(ValueError):
+    """A trajectory line that is not a conversation this reader understands. A damaged line other than a torn
+    last one is an error rather than skipped, because skipping it would silently lose a record."""
+
+
 def read(path: Path) -> Iterator[dict]:
-    """Records of a trajectory file; a torn last line (an interrupted run) is skipped."""
+    """Records of a trajectory file. Only a last line without its newline (a run killed mid-write) is
+    skipped; any other line that does not parse raises TrajectoryFormatError naming file and line."""
     if not path.exists():
         return
     with path.open(encoding="utf-8") as handle:
-        for line in handle:
-            try:
-                yield json.loads(line)
-            except json.JSONDecodeError:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
                 continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                if not line.endswith("\n"):
+                    return  # torn tail
+                raise TrajectoryFormatError(f"{path}:{number}: not a JSON record ({exc.msg})") from None
+            if not isinstance(record, dict):
+                raise TrajectoryFormatError(f"{path}:{number}: a record must be a JSON object")
+            yield record
 
 
 def drop_torn_tail(path: Path) -> None:

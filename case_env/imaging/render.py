@@ -2,8 +2,10 @@
 
 Pure functions, no I/O, so the tool handlers and the benchmarks share them. The pipeline follows
 shared/reference/imaging.md section 4: native slice -> volume-level window (shared by both visits) -> uint8
--> Pillow bilinear resize to isotropic millimetres -> 1-pixel label contours drawn after resizing -> PNG at
-compression level 1 (1-10 ms, within 5-20 % of level 9 in size).
+-> Pillow bilinear resize to isotropic millimetres -> 1-pixel label contours drawn after resizing -> PNG with
+the Up filter on every row and zlib level 1. Pillow's own encoder spends most of its time choosing a filter
+per row; a fixed Up filter done in numpy encodes the same pixels 2 to 2.5 times faster and, on MRI slices,
+no larger (`case-env bench server` profiles in the issue 6 closing note).
 
 Display follows the radiological convention on RAS+ arrays: axial and coronal images put the patient's
 right on the viewer's left; sagittal images put anterior on the left; superior or anterior is up.
@@ -11,12 +13,15 @@ right on the viewer's left; sagittal images put anterior on the left; superior o
 
 from __future__ import annotations
 
+import functools
 import io
+import struct
+import zlib
 from dataclasses import dataclass
 from enum import StrEnum
 
 import numpy as np
-from PIL import Image, ImageDraw
+from PIL import Image, ImageDraw, ImageFont
 
 
 class Plane(StrEnum):
@@ -124,14 +129,30 @@ def overlay_contours(gray: Image.Image, labels: np.ndarray, palette: np.ndarray)
 
 def draw_orientation(img: Image.Image, plane: Plane) -> None:
     """Small orientation letters at the middle of each edge."""
-    draw = ImageDraw.Draw(img)
     left, right, top, bottom = ORIENTATION[plane]
     w, h = img.size
-    ink = 255 if img.mode == "L" else (255, 255, 255)
-    draw.text((2, h // 2 - 5), left, fill=ink)
-    draw.text((w - 8, h // 2 - 5), right, fill=ink)
-    draw.text((w // 2 - 3, 1), top, fill=ink)
-    draw.text((w // 2 - 3, h - 12), bottom, fill=ink)
+    stamp_text(img, (2, h // 2 - 5), left)
+    stamp_text(img, (w - 8, h // 2 - 5), right)
+    stamp_text(img, (w // 2 - 3, 1), top)
+    stamp_text(img, (w // 2 - 3, h - 12), bottom)
+
+
+@functools.lru_cache(maxsize=256)
+def _text_mask(text: str) -> Image.Image:
+    """Coverage of `text` drawn in white at the origin, rendered by FreeType once per string."""
+    font = label_font()
+    box = font.getbbox(text)
+    mask = Image.new("L", (max(1, box[2]), max(1, box[3])), 0)
+    ImageDraw.Draw(mask).text((0, 0), text, fill=255, font=font)
+    return mask
+
+
+def stamp_text(img: Image.Image, xy: tuple[int, int], text: str) -> None:
+    """White `text` at `xy`, as `ImageDraw.text` would put it, from a cached glyph mask."""
+    mask = _text_mask(text)
+    img.paste(
+        255 if img.mode == "L" else (255, 255, 255), (*xy, xy[0] + mask.width, xy[1] + mask.height), mask
+    )
 
 
 def side_by_side(left: Image.Image, right: Image.Image, left_title: str, right_title: str) -> Image.Image:
@@ -141,15 +162,39 @@ def side_by_side(left: Image.Image, right: Image.Image, left_title: str, right_t
     panel = Image.new(mode, (2 * w, h + HEADER_PX), 0)
     panel.paste(left.convert(mode), (0, HEADER_PX))
     panel.paste(right.convert(mode), (w, HEADER_PX))
-    draw = ImageDraw.Draw(panel)
-    ink = 255 if mode == "L" else (255, 255, 255)
-    draw.text((3, 1), left_title, fill=ink)
-    draw.text((w + 3, 1), right_title, fill=ink)
-    draw.line([(w, 0), (w, h + HEADER_PX - 1)], fill=ink)
+    stamp_text(panel, (3, 1), left_title)
+    stamp_text(panel, (w + 3, 1), right_title)
+    ImageDraw.Draw(panel).line([(w, 0), (w, h + HEADER_PX - 1)], fill=255 if mode == "L" else (255, 255, 255))
     return panel
 
 
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+_PNG_COLOUR_TYPE = {"L": (1, 0), "RGB": (3, 2)}  # mode -> (channels, PNG colour type)
+_UP_FILTER = 2
+
+
+def _chunk(tag: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data))
+
+
 def encode_png(img: Image.Image) -> bytes:
-    buffer = io.BytesIO()
-    img.save(buffer, format="PNG", compress_level=PNG_LEVEL)
-    return buffer.getvalue()
+    """8-bit greyscale or RGB PNG, every row Up-filtered; other modes go through Pillow."""
+    if img.mode not in _PNG_COLOUR_TYPE or PNG_LEVEL != 1:
+        buffer = io.BytesIO()
+        img.save(buffer, format="PNG", compress_level=PNG_LEVEL)
+        return buffer.getvalue()
+    channels, colour_type = _PNG_COLOUR_TYPE[img.mode]
+    rows = np.asarray(img).reshape(img.height, img.width * channels)
+    filtered = np.empty((img.height, rows.shape[1] + 1), np.uint8)
+    filtered[:, 0] = _UP_FILTER  # the row above the first is all zeros, so its Up filter is the identity
+    filtered[0, 1:] = rows[0]
+    np.subtract(rows[1:], rows[:-1], out=filtered[1:, 1:])  # modulo 256, as PNG defines it
+    header = struct.pack(">IIBBBBB", img.width, img.height, 8, colour_type, 0, 0, 0)
+    return b"".join((_PNG_SIGNATURE, _chunk(b"IHDR", header),
+                     _chunk(b"IDAT", zlib.compress(filtered.tobytes(), PNG_LEVEL)), _chunk(b"IEND", b"")))  # fmt: skip
+
+
+@functools.cache
+def label_font() -> ImageFont.ImageFont | ImageFont.FreeTypeFont:
+    """Pillow's default font, loaded once: `ImageDraw.text` without a font decodes it anew for every image."""
+    return ImageFont.load_default()

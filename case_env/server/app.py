@@ -26,6 +26,7 @@ from case_env.server.errors import error_response, short
 from case_env.server.limits import BodyLimit
 from case_env.server.metrics import Metrics
 from case_env.server.replay import ReplayBook
+from case_env.server.responses import ResponseCache
 from case_env.server.routes import episodes, ops, score, tools
 from case_env.server.settings import ServerSettings
 from case_env.server.state import ServerState
@@ -38,6 +39,15 @@ DESCRIPTION = """Patient-scoped tools over longitudinal whole-body Dixon MRI for
 
 Model-caused problems (bad arguments, unknown tool, organ or visit) return `ok: false` with a message the
 model can act on; service problems use HTTP status codes (429, 503, 504) that clients retry."""
+
+
+async def _flush_episodes(state: ServerState) -> None:
+    while True:
+        await asyncio.sleep(0.05)
+        try:
+            state.episodes.flush()
+        except Exception:  # a failed flush must not end the loop
+            log.exception("episode flush failed")
 
 
 async def _sweep_episodes(state: ServerState) -> None:
@@ -55,13 +65,17 @@ def create_app(
     settings: ServerSettings | None = None,
     data: DataSettings | None = None,
     tool_specs: dict[str, ToolSpec] | None = None,
+    store_class: type[PatientStore] = PatientStore,
+    imaging_class: type[Imaging] = Imaging,
 ) -> FastAPI:
+    """`store_class` and `imaging_class` swap the data engine behind the same routes (the benchmark's naive
+    reference engine uses them); everything else comes from the settings."""
     settings = settings or ServerSettings()
     data = data or DataSettings()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        store = PatientStore(settings=data)
+        store = store_class(settings=data)
         errors = store.index.errors
         log.info(
             "data root %s: %d patients, %d problem(s)", store.root, len(store.patient_ids()), len(errors)
@@ -78,20 +92,23 @@ def create_app(
             settings=settings,
             data=data,
             store=store,
-            imaging=Imaging(store, settings.image_max_side),
+            imaging=imaging_class(store, settings.image_max_side),
             tools=specs,
             replay=replay,
             episodes=EpisodeStore(settings.episode_db, settings.episode_idle_s, settings.max_episodes,
                                   settings.max_calls_per_episode),
             audit=AuditLog(settings.audit_log),
+            responses=ResponseCache(settings.response_cache_mb * 2**20),
             metrics=Metrics(),
             render_pool=ThreadPoolExecutor(settings.render_threads, thread_name_prefix="case-env-render"),
             text_pool=ThreadPoolExecutor(settings.text_threads, thread_name_prefix="case-env-text"),
+            preload_pool=ThreadPoolExecutor(1, thread_name_prefix="case-env-warm") if settings.warm_patients else None,
         )  # fmt: skip
         if settings.audit_log is None:
             log.warning("audit log disabled (set CASE_ENV_AUDIT_LOG or --audit-log)")
         app.state.server = state
         state.tasks.append(asyncio.create_task(_sweep_episodes(state)))
+        state.tasks.append(asyncio.create_task(_flush_episodes(state)))
         try:
             yield
         finally:
@@ -99,6 +116,8 @@ def create_app(
                 task.cancel()
             state.render_pool.shutdown(wait=False, cancel_futures=True)
             state.text_pool.shutdown(wait=False, cancel_futures=True)
+            if state.preload_pool is not None:
+                state.preload_pool.shutdown(wait=False, cancel_futures=True)
             state.episodes.close()
             state.audit.close()
 

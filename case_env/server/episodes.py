@@ -4,15 +4,22 @@ Kept in SQLite so that every worker of a multi-worker server sees the same bindi
 calls land on different workers is still held to one patient. Bounded three ways: idle episodes expire,
 the number of episodes is capped (least recently seen go first) and each episode keeps only its most
 recent calls. The episode log is an index for inspection; the audit log is the durable record, so the
-database runs without fsync.
+database runs without fsync, and calls are written in batches (`flush`, every few milliseconds and before
+any read) rather than one transaction per call.
+
+A binding never changes while its episode lives, so each worker remembers the bindings it has seen and
+asks the database only about new episodes; a remembered binding is dropped when its episode could have
+expired, so a swept episode id is never held to its old patient.
 """
 
 from __future__ import annotations
 
 import json
+import random
 import sqlite3
 import time
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,47 +58,85 @@ class EpisodeStore:
             path.parent.mkdir(parents=True, exist_ok=True)
             target, uri = str(path), False
         self.db = sqlite3.connect(target, uri=uri, isolation_level=None, timeout=10.0)
-        if path is not None:
-            self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=OFF")
-        self.db.executescript(_SCHEMA)
+        self._prepare(wal=path is not None)
+        self._known: OrderedDict[str, tuple[str, float]] = OrderedDict()  # episode -> (patient, bound at)
+        self._pending: list[tuple[str, Call, float]] = []
+
+    def _prepare(self, wal: bool, patience_s: float = 30.0) -> None:
+        """Journal mode and schema. Workers starting together race for the new file, and SQLite answers
+        "database is locked" to a journal-mode switch at once, without waiting out its busy timeout; so
+        retry with jitter."""
+        deadline = time.monotonic() + patience_s
+        while True:
+            try:
+                if wal:
+                    self.db.execute("PRAGMA journal_mode=WAL")
+                self.db.execute("PRAGMA synchronous=OFF")
+                self.db.executescript(_SCHEMA)
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(random.uniform(0.01, 0.1))
 
     def bind(self, episode_id: str, patient_id: str, now: float | None = None) -> str:
         """Bind a new episode to a patient (or touch a known one); returns the bound patient."""
         now = time.time() if now is None else now
+        known = self._known.get(episode_id)
+        # a remembered binding is trusted for half the idle time: the episode cannot have expired since
+        if known is not None and now - known[1] < self.idle_s / 2:
+            self._known.move_to_end(episode_id)
+            return known[0]
         row = self.db.execute(
             "INSERT INTO episodes (id, patient_id, created, last_seen) VALUES (?, ?, ?, ?) "
             "ON CONFLICT(id) DO UPDATE SET last_seen = excluded.last_seen RETURNING patient_id",
             (episode_id, patient_id, now, now),
         ).fetchone()
+        self._known[episode_id] = (row[0], now)
+        self._known.move_to_end(episode_id)
+        while len(self._known) > self.max_episodes:
+            self._known.popitem(last=False)
         return row[0]
 
     def record(self, episode_id: str, call: Call, now: float | None = None) -> None:
-        now = time.time() if now is None else now
+        """Queue a call for the episode's log; `flush` writes the queue."""
+        self._pending.append((episode_id, call, time.time() if now is None else now))
+
+    def flush(self) -> int:
+        """Write queued calls in one transaction; returns how many were written."""
+        pending, self._pending = self._pending, []
+        if not pending:
+            return 0
         self.db.execute("BEGIN IMMEDIATE")
         try:
-            row = self.db.execute(
-                "UPDATE episodes SET calls = calls + 1, last_seen = ? WHERE id = ? RETURNING calls",
-                (now, episode_id),
-            ).fetchone()
-            if row is not None:
-                seq = row[0]
-                self.db.execute(
-                    "INSERT INTO calls VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (episode_id, seq, now, call.tool, json.dumps(call.arguments, default=str), call.status,
-                     call.http_status, round(call.latency_ms, 3), call.digest),
-                )  # fmt: skip
-                if seq > self.max_calls:
-                    self.db.execute(
-                        "DELETE FROM calls WHERE episode_id = ? AND seq <= ?",
-                        (episode_id, seq - self.max_calls),
-                    )
+            for episode_id, call, now in pending:
+                self._write(episode_id, call, now)
             self.db.execute("COMMIT")
         except BaseException:
             self.db.execute("ROLLBACK")
             raise
+        return len(pending)
+
+    def _write(self, episode_id: str, call: Call, now: float) -> None:
+        row = self.db.execute(
+            "UPDATE episodes SET calls = calls + 1, last_seen = ? WHERE id = ? RETURNING calls",
+            (now, episode_id),
+        ).fetchone()
+        if row is None:
+            return
+        seq = row[0]
+        self.db.execute(
+            "INSERT INTO calls VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (episode_id, seq, now, call.tool, json.dumps(call.arguments, default=str), call.status,
+             call.http_status, round(call.latency_ms, 3), call.digest),
+        )  # fmt: skip
+        if seq > self.max_calls:
+            self.db.execute(
+                "DELETE FROM calls WHERE episode_id = ? AND seq <= ?", (episode_id, seq - self.max_calls)
+            )
 
     def get(self, episode_id: str) -> dict | None:
+        self.flush()
         row = self.db.execute(
             "SELECT patient_id, created, last_seen, calls FROM episodes WHERE id = ?", (episode_id,)
         ).fetchone()
@@ -118,6 +163,8 @@ class EpisodeStore:
     def sweep(self, now: float | None = None) -> int:
         """Forget idle episodes and the least recent ones beyond the cap; returns how many were dropped."""
         now = time.time() if now is None else now
+        self.flush()
+        self._known.clear()
         self.db.execute("BEGIN IMMEDIATE")
         try:
             dropped = self.db.execute(
@@ -137,7 +184,9 @@ class EpisodeStore:
         return len(dropped)
 
     def live(self) -> int:
+        self.flush()
         return self.db.execute("SELECT COUNT(*) FROM episodes").fetchone()[0]
 
     def close(self) -> None:
+        self.flush()
         self.db.close()

@@ -17,22 +17,21 @@ from pathlib import Path
 from typing import Any
 
 from PIL import Image
-from pydantic import BaseModel
 
 from case_env.eval import trajectory
-from case_env.eval.sft import TrajectoryFormatError, trajectory_files
-from case_env.tooling import ErrorCode, ToolContext, ToolError, ToolImage, ToolResult, ToolSpec
+from case_env.eval.sft import trajectory_files
+from case_env.eval.trajectory import TrajectoryFormatError
+from case_env.tooling import (
+    ErrorCode,
+    ToolContext,
+    ToolError,
+    ToolImage,
+    ToolResult,
+    ToolSpec,
+    canonical_arguments,
+)
 
 log = logging.getLogger("case_env.replay")
-
-
-def canonical(spec: ToolSpec, arguments: dict[str, Any]) -> str:
-    """The arguments as the tool understands them; raises ToolError exactly as a live call would."""
-    return _serialise(spec.parse(arguments))
-
-
-def _serialise(args: BaseModel) -> str:
-    return json.dumps(args.model_dump(mode="json"), sort_keys=True)
 
 
 @dataclass
@@ -74,7 +73,7 @@ class ReplayBook:
                 if spec is None or arguments is None:
                     continue  # an unknown tool or an orphan reply: nothing a live call could reach
                 try:
-                    key = (patient, name, canonical(spec, arguments))
+                    key = (patient, name, canonical_arguments(spec.parse(arguments)))
                 except ToolError:
                     continue  # a recorded invalid call: replay validates again and answers the same error
                 result = _result(message.get("content"), base, where)
@@ -96,7 +95,7 @@ class ReplayBook:
 
     def _handler(self, spec: ToolSpec):
         def run(ctx: ToolContext, args) -> ToolResult:
-            key = (ctx.patient_id, spec.name, _serialise(args))  # already parsed by the route
+            key = (ctx.patient_id, spec.name, canonical_arguments(args))  # already parsed by the route
             found = self.entries.get(key)
             if found is None:
                 raise ToolError(ErrorCode.NOT_RECORDED, f"not recorded: this replay set holds no output of "

@@ -25,9 +25,10 @@ class ServerSettings(BaseSettings):
     retry_after_s: int = Field(1, ge=1, description="Retry-After seconds sent with 429 and 503.")
     tool_deadline_s: float = Field(20.0, gt=0, description="Per-call deadline; past it the call answers 504.")
     render_threads: int = Field(
-        default_factory=lambda: max(2, min(8, 2 * (os.cpu_count() or 1))),
+        default_factory=lambda data: max(1, (os.cpu_count() or 1) // data["workers"]),
         ge=1,
-        description="Threads that load, render and encode images (numpy, zlib and Pillow release the GIL).",
+        description="Threads per worker that load, render and encode images; default: cores / workers. More "
+        "threads than that hold the GIL against the event loop and slow text tools down (issue 6 figures).",
     )
     text_threads: int = Field(
         2, ge=1, description="Threads for text tools, so they never wait behind renders."
@@ -46,6 +47,14 @@ class ServerSettings(BaseSettings):
     replay_dir: Path | None = Field(
         None,
         description="Serve recorded tool outputs from the trajectory files here instead of the data root.",
+    )
+    warm_patients: bool = Field(
+        True, description="Decode a patient's volumes in the background when a worker first sees the patient."
+    )
+    response_cache_mb: int = Field(
+        128,
+        ge=0,
+        description="Memory per worker for answers of repeated pure calls (GRPO groups); 0 disables.",
     )
     audit_log: Path | None = Field(None, description="File that receives one JSON line per call.")
     image_max_side: int = Field(448, ge=64, le=2048, description="Longest side of returned images in pixels.")

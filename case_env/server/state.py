@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -12,6 +13,7 @@ from case_env.server.audit import AuditLog
 from case_env.server.episodes import EpisodeStore
 from case_env.server.metrics import Metrics
 from case_env.server.replay import ReplayBook
+from case_env.server.responses import ResponseCache
 from case_env.server.settings import ServerSettings
 from case_env.settings import DataSettings
 from case_env.tooling import ToolSpec, schema_version
@@ -29,9 +31,13 @@ class ServerState:
     metrics: Metrics
     render_pool: ThreadPoolExecutor
     text_pool: ThreadPoolExecutor
+    responses: ResponseCache = field(default_factory=lambda: ResponseCache(0))
     replay: ReplayBook | None = None  # set: tools answer from recordings, the data root is not used
     in_flight: int = 0
     tasks: list[asyncio.Task] = field(default_factory=list)
+    preload_pool: ThreadPoolExecutor | None = None  # set: warm each new patient's volumes in the background
+    _warmed: set[str] = field(default_factory=set)
+    _readiness: tuple[float, tuple[bool, str | None]] = (0.0, (False, None))  # (valid until, answer)
 
     @property
     def schema_version(self) -> str:
@@ -43,7 +49,23 @@ class ServerState:
     def has_patient(self, patient_id: str) -> bool:
         return patient_id in self.replay.patients if self.replay else patient_id in self.store.index.patients
 
+    def warm(self, patient_id: str) -> None:
+        """Decode a patient's volumes in the background the first time this worker sees the patient: an
+        episode starts with cheap calls (visits, context), so its first render finds the volumes ready.
+        One background thread, so warming never takes more than one core from serving calls."""
+        if self.preload_pool is None or self.replay is not None or patient_id in self._warmed:
+            return
+        self._warmed.add(patient_id)
+        self.preload_pool.submit(self.store.preload, patient_id, 1)
+
     def readiness(self) -> tuple[bool, str | None]:
+        """Checked on every call, so the file-system probe is reused for a second."""
+        now = time.monotonic()
+        if now >= self._readiness[0]:
+            self._readiness = (now + 1.0, self._check_readiness())
+        return self._readiness[1]
+
+    def _check_readiness(self) -> tuple[bool, str | None]:
         if self.replay is not None:
             return (True, None) if self.replay.entries else (False, "the replay set holds no recorded calls")
         if not self.store.root.is_dir():

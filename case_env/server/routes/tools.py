@@ -1,8 +1,9 @@
 """POST /v1/tools/{name} and GET /v1/tools: the tool calls verl's rollouts make.
 
 A call passes, in order: readiness (503), admission against the in-flight bound (429 + Retry-After),
-patient lookup (404), episode scope (403), tool and argument checks (ok false), then the handler in the
-bounded thread pool under the per-call deadline (504): image tools in the render pool, text tools in
+patient lookup (404), episode scope (403), tool and argument checks (ok false), the response cache (the same
+pure call on unchanged data answers from memory), then the handler in the bounded thread pool under the
+per-call deadline (504): image tools in the render pool, text tools in
 their own small pool so they never queue behind renders. Loading, rendering, PNG and base64 encoding all
 happen in those pools; the event loop only routes, books and answers. Every outcome is counted, written to
 the audit log and, once the episode is bound, to the episode's call list.
@@ -33,7 +34,7 @@ from case_env.server.models import (
     ToolsResponse,
 )
 from case_env.server.state import ServerState
-from case_env.tooling import ErrorCode, ToolContext, ToolError, ToolResult, ToolSpec
+from case_env.tooling import ErrorCode, ToolContext, ToolError, ToolResult, ToolSpec, canonical_arguments
 
 log = logging.getLogger("case_env.server")
 router = APIRouter(prefix="/v1", tags=["tools"], dependencies=[Depends(require_token)])
@@ -124,6 +125,7 @@ async def _serve(state: ServerState, name: str, body: ToolCallRequest, started: 
     bound_to = state.episodes.bind(body.episode_id, body.patient_id)
     if bound_to != body.patient_id:
         return Outcome.failure(ErrorCode.SCOPE_VIOLATION, "this episode is bound to another patient")
+    state.warm(body.patient_id)
     spec = state.tools.get(name)
     if spec is None:
         valid = ", ".join(state.tools)
@@ -140,6 +142,46 @@ async def _serve(state: ServerState, name: str, body: ToolCallRequest, started: 
 
 
 async def _run(state: ServerState, spec: ToolSpec, body: ToolCallRequest, started: float) -> Outcome:
+    key = _response_key(state, spec, body)
+    if key is None:
+        return await _compute(state, spec, body, started)
+    cached = state.responses.get(key)
+    if cached is not None:
+        return cached
+    computing = state.responses.inflight.get(key)
+    if computing is not None:  # the same call is being answered for another rollout of the group: share it
+        shared = await asyncio.shield(computing)
+        if shared is not None:
+            return shared
+        return await _compute(state, spec, body, started)
+    computing = asyncio.get_running_loop().create_future()
+    state.responses.inflight[key] = computing
+    outcome = None
+    try:
+        outcome = await _compute(state, spec, body, started)
+        if outcome.error is None:
+            state.responses.put(
+                key, outcome, len(outcome.text) + sum(len(i.data_b64) for i in outcome.images)
+            )
+        return outcome
+    finally:
+        del state.responses.inflight[key]
+        computing.set_result(outcome)  # None when this request was cancelled: waiters compute for themselves
+
+
+def _response_key(state: ServerState, spec: ToolSpec, body: ToolCallRequest) -> tuple | None:
+    """Where a successful answer to this call is remembered; None when it must not be (replay serves
+    recordings; invalid arguments get their error from the handler)."""
+    if state.replay is not None or state.responses.max_bytes <= 0:
+        return None
+    try:
+        arguments = canonical_arguments(spec.parse(body.arguments))
+    except ToolError:
+        return None
+    return (spec.name, body.patient_id, arguments, state.store.fingerprint(body.patient_id))
+
+
+async def _compute(state: ServerState, spec: ToolSpec, body: ToolCallRequest, started: float) -> Outcome:
     def job() -> Outcome:
         try:
             args = spec.parse(body.arguments)
