@@ -201,7 +201,9 @@ def test_a_slow_server_makes_the_adapter_time_out_retry_and_continue(dataset, tm
             },
             schema,
         )
-        script = [tool_call("slow_tool", {"seconds": 1.0}), "No evidence came back.\n<answer>A</answer>"]
+        # slower than all three attempts together: the server answers identical calls in flight once, so a
+        # retry of a call that takes 1 s would collect the first attempt's answer
+        script = [tool_call("slow_tool", {"seconds": 3.0}), "No evidence came back.\n<answer>A</answer>"]
 
         async def run():
             tokenizer = build_tokenizer()
