@@ -97,14 +97,13 @@ def _save(fig) -> bytes:
 def _message(message: dict, base: Path) -> str:
     role = message.get("role", "")
     parts = []
-    content = message.get("content")
-    for part in content if isinstance(content, list) else [{"type": "text", "text": content or ""}]:
-        if part.get("type") == "text":
-            parts.append(html.escape(part.get("text", "")))
-        elif part.get("type") == "image":
-            path = base / part["image"]
+    for kind, value in trajectory.content_parts(message.get("content"), role):
+        if kind == "text":
+            parts.append(html.escape(value))
+        else:
+            path = base / value
             src = _data_uri(path.read_bytes()) if path.is_file() else ""
-            parts.append(f"<img alt='{html.escape(part['image'])}' src='{src}'>")
+            parts.append(f"<img alt='{html.escape(value)}' src='{src}'>")
     for call in message.get("tool_calls") or []:
         fn = call["function"]
         parts.append(f"→ <b>{html.escape(fn['name'])}</b>({html.escape(str(fn['arguments']))})")

@@ -35,31 +35,17 @@ def trajectory_files(source: Path) -> list[Path]:
 
 def _flatten(message: dict, base: Path, where: str) -> tuple[dict, list[dict]]:
     """One message with string content and its images, in order."""
-    content = message.get("content")
     images: list[dict] = []
-    if content is None or isinstance(content, str):
-        text = content or ""
-    elif isinstance(content, list):
-        pieces = []
-        for part in content:
-            kind = part.get("type")
-            if kind == "text":
-                pieces.append(part.get("text", ""))
-            elif kind in ("image", "image_url"):
-                ref = part.get("image") or (part.get("image_url") or {}).get("url", "")
-                path = base / ref
-                if not path.is_file():
-                    raise TrajectoryFormatError(
-                        f"{where}: image {ref!r} not found beside the trajectory file"
-                    )
-                images.append({"bytes": path.read_bytes()})
-                pieces.append("<image>")
-            else:
-                raise TrajectoryFormatError(f"{where}: unsupported content part type {kind!r}")
-        text = "\n".join(pieces)
-    else:
-        raise TrajectoryFormatError(f"{where}: content must be a string or a list of parts")
-    out = {"role": message["role"], "content": text}
+    pieces = []
+    for kind, value in trajectory.content_parts(message.get("content"), where):
+        if kind == "image":
+            path = base / value
+            if not path.is_file():
+                raise TrajectoryFormatError(f"{where}: image {value!r} not found beside the trajectory file")
+            images.append({"bytes": path.read_bytes()})
+            value = "<image>"
+        pieces.append(value)
+    out = {"role": message["role"], "content": "\n".join(pieces)}
     if message.get("tool_calls"):
         out["tool_calls"] = [
             {"id": call.get("id", ""), "type": "function",

@@ -127,6 +127,25 @@ class TrajectoryFormatError(ValueError):
     last one is an error rather than skipped, because skipping it would silently lose a record."""
 
 
+def content_parts(content: object, where: str) -> Iterator[tuple[str, str]]:
+    """A message's content as ("text", text) and ("image", reference) pairs, in order: the one reading of the
+    format that SFT export, replay and the report share. String content is a single text part; an image part
+    may be `{"type": "image", "image": path}` or OpenAI's `{"type": "image_url", "image_url": {"url": ...}}`."""
+    if content is None or isinstance(content, str):
+        yield "text", content or ""
+        return
+    if not isinstance(content, list):
+        raise TrajectoryFormatError(f"{where}: content must be a string or a list of parts")
+    for part in content:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text":
+            yield "text", part.get("text", "")
+        elif kind in ("image", "image_url"):
+            yield "image", part.get("image") or (part.get("image_url") or {}).get("url", "")
+        else:
+            raise TrajectoryFormatError(f"{where}: unsupported content part type {kind!r}")
+
+
 def read(path: Path) -> Iterator[dict]:
     """Records of a trajectory file. Only a last line without its newline (a run killed mid-write) is
     skipped; any other line that does not parse raises TrajectoryFormatError naming file and line."""

@@ -20,7 +20,7 @@ from PIL import Image
 
 from case_env.eval import trajectory
 from case_env.eval.sft import trajectory_files
-from case_env.eval.trajectory import TrajectoryFormatError
+from case_env.eval.trajectory import TrajectoryFormatError, content_parts
 from case_env.tooling import (
     ErrorCode,
     ToolContext,
@@ -106,17 +106,15 @@ class ReplayBook:
 
 
 def _result(content: Any, base: Path, where: str) -> ToolResult:
-    if isinstance(content, str):
-        return ToolResult(content)
     texts, images = [], []
-    for part in content or []:
-        if part.get("type") == "text":
-            texts.append(part.get("text", ""))
-        elif part.get("type") == "image":
-            path = base / part["image"]
-            if not path.is_file():
-                raise TrajectoryFormatError(f"{where}: image {part['image']!r} not found")
-            png = path.read_bytes()
-            with Image.open(path) as image:
-                images.append(ToolImage(png, image.width, image.height))
+    for kind, value in content_parts(content, where):
+        if kind == "text":
+            texts.append(value)
+            continue
+        path = base / value
+        if not path.is_file():
+            raise TrajectoryFormatError(f"{where}: image {value!r} not found")
+        png = path.read_bytes()
+        with Image.open(path) as image:
+            images.append(ToolImage(png, image.width, image.height))
     return ToolResult("\n".join(texts), tuple(images))
