@@ -169,6 +169,23 @@ def mask_for_half(overlay_image, organ: str, half_shape: tuple[int, int]) -> np.
     return np.asarray(small) > 0
 
 
+# (option prefix, reason) when the fat images show a swap, more liver fat, less, or no change
+_FAT_ANSWERS = {
+    "fat_direction": (
+        ("It only appears", "Subcutaneous fat went dark on the fat image (x{sat:.2f})."),
+        ("It increased", "The liver is brighter on the fat image (x{liver:.2f})."),
+        ("It decreased", "The liver is darker on the fat image (x{liver:.2f})."),
+        ("It is unchanged", "The liver's fat signal is the same (x{liver:.2f})."),
+    ),
+    "artefact_vs_change": (
+        ("A fat-water swap", "Subcutaneous fat is dark on the follow-up fat image (x{sat:.2f})."),
+        ("A true increase", "Liver fat signal rose (x{liver:.2f}) with normal fat elsewhere."),
+        ("A true decrease", "Liver fat signal fell (x{liver:.2f}) with normal fat elsewhere."),
+        ("No visible difference", "The fat images match."),
+    ),
+}
+
+
 class VisionAgent(Agent):
     """Radiologist questions: fat direction, artefact or change, what changed in the liver, lesion status."""
 
@@ -253,35 +270,16 @@ class VisionAgent(Agent):
     def _pick(self, prefix: str, reason: str) -> Decision:
         return Decision(self.option_where(lambda t: t.startswith(prefix)) or "A", reason)
 
-    def _fat_direction(self, outputs):
+    def _fat_verdict(self, outputs):
+        """Both fat templates read the same two panels the same way; only their answer texts differ."""
         r = self._level_reading(outputs)
-        if r["sat"] < SWAP_RING:
-            return self._pick(
-                "It only appears", f"Subcutaneous fat went dark on the fat image (x{r['sat']:.2f})."
-            )
         liver = r["liver"] or 1.0
-        if liver > FAT_UP:
-            return self._pick("It increased", f"The liver is brighter on the fat image (x{liver:.2f}).")
-        if liver < FAT_DOWN:
-            return self._pick("It decreased", f"The liver is darker on the fat image (x{liver:.2f}).")
-        return self._pick("It is unchanged", f"The liver's fat signal is the same (x{liver:.2f}).")
+        swap, up, down, same = _FAT_ANSWERS[self.template]
+        prefix, reason = (swap if r["sat"] < SWAP_RING else up if liver > FAT_UP
+                          else down if liver < FAT_DOWN else same)  # fmt: skip
+        return self._pick(prefix, reason.format(sat=r["sat"], liver=liver))
 
-    def _artefact_vs_change(self, outputs):
-        r = self._level_reading(outputs)
-        if r["sat"] < SWAP_RING:
-            return self._pick(
-                "A fat-water swap", f"Subcutaneous fat is dark on the follow-up fat image (x{r['sat']:.2f})."
-            )
-        liver = r["liver"] or 1.0
-        if liver > FAT_UP:
-            return self._pick(
-                "A true increase", f"Liver fat signal rose (x{liver:.2f}) with normal fat elsewhere."
-            )
-        if liver < FAT_DOWN:
-            return self._pick(
-                "A true decrease", f"Liver fat signal fell (x{liver:.2f}) with normal fat elsewhere."
-            )
-        return self._pick("No visible difference", "The fat images match.")
+    _fat_direction = _artefact_vs_change = _fat_verdict
 
     def _panel_verdicts(self, outputs: list[ToolOutput], organ: str, darker: bool) -> list[str]:
         verdicts = []

@@ -29,9 +29,10 @@ PILLOW_DEFAULT_PNG_LEVEL = 6  # Pillow's zlib default when no compress_level is 
 
 class NaiveStore(PatientStore):
     def _load(self, path: Path, patient_id: str, visit: str, as_labels: bool = False) -> Volume:
-        image = nib.as_closest_canonical(nib.load(path))
+        stored = nib.load(path)
+        image = nib.as_closest_canonical(stored)
         data = image.get_fdata()  # float64, decoded afresh on every call
-        volume = Volume(data, image.affine, tuple(nib.aff2axcodes(nib.load(path).affine)))
+        volume = Volume(data, image.affine, tuple(nib.aff2axcodes(stored.affine)))
         if as_labels:
             volume = Volume(np.rint(data).astype(np.uint8), image.affine, volume.original_axcodes)
             return _as_labels(volume, self.rel(path), patient_id, visit)

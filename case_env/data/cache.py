@@ -74,6 +74,22 @@ class ByteLRU(Generic[V]):
         pending.set_result(value)
         return value
 
+    def peek(self, key: Hashable) -> V | None:
+        """The value if held (counted as a hit or a miss); never loads, so an event loop may call it."""
+        with self._lock:
+            if key not in self._items:
+                self._stats.misses += 1
+                return None
+            self._items.move_to_end(key)
+            self._stats.hits += 1
+            return self._items[key]
+
+    def put(self, key: Hashable, value: V) -> None:
+        """Keep a value computed elsewhere, under the same budget as loaded ones."""
+        with self._lock:
+            if key not in self._items:
+                self._insert(key, value)
+
     def _insert(self, key: Hashable, value: V) -> None:
         size = value.nbytes
         if size > self.max_bytes:

@@ -71,16 +71,18 @@ class DecodedVolumes:
             np.save(handle, volume.data, allow_pickle=False)
         tmp_meta.write_text(json.dumps({"affine": volume.affine.tolist(), "axcodes": list(volume.original_axcodes),
                                         "slope": volume.slope, "intercept": volume.intercept}))  # fmt: skip
-        os.replace(
-            tmp_meta, meta_path
-        )  # metadata first: a data file is only opened with its metadata present
+        # metadata first: a data file is only opened with its metadata present
+        os.replace(tmp_meta, meta_path)
         os.replace(tmp_data, data_path)
         self._prune()
 
     def _prune(self) -> None:
+        entries = []
         try:
-            entries = [(e.stat().st_mtime, e.stat().st_size, Path(e.path)) for e in os.scandir(self.directory)
-                       if e.name.endswith(".npy")]  # fmt: skip
+            for entry in os.scandir(self.directory):
+                if entry.name.endswith(".npy"):
+                    st = entry.stat()
+                    entries.append((st.st_mtime, st.st_size, Path(entry.path)))
         except OSError:
             return
         total = sum(size for _, size, _ in entries)

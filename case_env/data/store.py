@@ -230,9 +230,10 @@ class PatientStore:
             except DataError:
                 return False
 
-        with ThreadPoolExecutor(
-            threads or os.cpu_count() or 1, thread_name_prefix="case-env-preload"
-        ) as pool:
+        threads = threads or os.cpu_count() or 1
+        if threads == 1:  # the server's warming thread: no pool of its own
+            return sum(map(run, jobs))
+        with ThreadPoolExecutor(threads, thread_name_prefix="case-env-preload") as pool:
             return sum(pool.map(run, jobs))
 
     # -- small files ---------------------------------------------------------------------------------------

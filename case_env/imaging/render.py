@@ -178,7 +178,8 @@ def _chunk(tag: bytes, data: bytes) -> bytes:
 
 
 def encode_png(img: Image.Image) -> bytes:
-    """8-bit greyscale or RGB PNG, every row Up-filtered; other modes go through Pillow."""
+    """8-bit greyscale or RGB PNG, every row Up-filtered. Other modes, and any PNG_LEVEL but 1 (the naive
+    benchmark engine sets Pillow's default), go through Pillow."""
     if img.mode not in _PNG_COLOUR_TYPE or PNG_LEVEL != 1:
         buffer = io.BytesIO()
         img.save(buffer, format="PNG", compress_level=PNG_LEVEL)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import hashlib
 import logging
 import time
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 
 from fastapi import APIRouter, Depends, Path, Request
 from fastapi.responses import Response
+from pydantic import BaseModel
 
 from case_env.errors import DataError, MissingDataError
 from case_env.server.auth import require_token
@@ -63,6 +65,11 @@ class Outcome:
     digest: str | None = None
     headers: dict[str, str] = field(default_factory=dict)
     bound: bool = False  # the episode is bound to this call's patient: record the call there
+
+    @property
+    def nbytes(self) -> int:
+        """What the response cache counts against its budget: the text and the base64 images."""
+        return len(self.text) + sum(len(image.data_b64) for image in self.images)
 
     @classmethod
     def failure(cls, code: ErrorCode, message: str, **kw) -> Outcome:
@@ -142,50 +149,40 @@ async def _serve(state: ServerState, name: str, body: ToolCallRequest, started: 
 
 
 async def _run(state: ServerState, spec: ToolSpec, body: ToolCallRequest, started: float) -> Outcome:
-    key = _response_key(state, spec, body)
-    if key is None:
-        return await _compute(state, spec, body, started)
-    cached = state.responses.get(key)
+    try:
+        args = spec.parse(body.arguments)
+    except ToolError as exc:
+        return Outcome.failure(exc.code, exc.message, bound=True)
+    compute = functools.partial(_compute, state, spec, args, body.patient_id, started)
+    if state.replay is not None or state.responses.max_bytes <= 0:
+        return await compute()  # replay answers from recordings; a zero budget turns the cache off
+    key = (spec.name, body.patient_id, canonical_arguments(args), state.store.fingerprint(body.patient_id))
+    cached = state.responses.peek(key)
     if cached is not None:
         return cached
     computing = state.responses.inflight.get(key)
     if computing is not None:  # the same call is being answered for another rollout of the group: share it
         shared = await asyncio.shield(computing)
-        if shared is not None:
-            return shared
-        return await _compute(state, spec, body, started)
+        return shared if shared is not None else await compute()
     computing = asyncio.get_running_loop().create_future()
     state.responses.inflight[key] = computing
     outcome = None
     try:
-        outcome = await _compute(state, spec, body, started)
+        outcome = await compute()
         if outcome.error is None:
-            state.responses.put(
-                key, outcome, len(outcome.text) + sum(len(i.data_b64) for i in outcome.images)
-            )
+            state.responses.put(key, outcome)
         return outcome
     finally:
         del state.responses.inflight[key]
         computing.set_result(outcome)  # None when this request was cancelled: waiters compute for themselves
 
 
-def _response_key(state: ServerState, spec: ToolSpec, body: ToolCallRequest) -> tuple | None:
-    """Where a successful answer to this call is remembered; None when it must not be (replay serves
-    recordings; invalid arguments get their error from the handler)."""
-    if state.replay is not None or state.responses.max_bytes <= 0:
-        return None
-    try:
-        arguments = canonical_arguments(spec.parse(body.arguments))
-    except ToolError:
-        return None
-    return (spec.name, body.patient_id, arguments, state.store.fingerprint(body.patient_id))
-
-
-async def _compute(state: ServerState, spec: ToolSpec, body: ToolCallRequest, started: float) -> Outcome:
+async def _compute(
+    state: ServerState, spec: ToolSpec, args: BaseModel, patient_id: str, started: float
+) -> Outcome:
     def job() -> Outcome:
         try:
-            args = spec.parse(body.arguments)
-            result = spec.run(ToolContext(state.store, state.imaging, body.patient_id), args)
+            result = spec.run(ToolContext(state.store, state.imaging, patient_id), args)
         except ToolError as exc:
             return Outcome.failure(exc.code, exc.message, bound=True)
         except MissingDataError as exc:
