@@ -14,7 +14,7 @@ DEMO_PATIENTS ?= 10
 DEMO_PROFILE  ?= ci
 DEMO_SEED     ?= 0
 
-.PHONY: demo test lint format bench-data clean browser
+.PHONY: demo test reliability lint format bench-data clean browser
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,12 @@ demo: $(STAMP)
 
 test: $(STAMP) lint browser
 	$(BIN)/python -m pytest
+
+# The reliability suite at full scale (issue 7): fuzzing, hostile input, reward hacking, scope and auth,
+# a 2,000-call burst, kill -9 under verl, a 50,000-call soak, corrupt data. `make test` runs it at CI scale.
+reliability: $(STAMP)
+	CASE_ENV_RELIABILITY=full CASE_ENV_RELIABILITY_OUT=reliability.json $(BIN)/python -m pytest tests/reliability -q
+	@echo "figures: reliability.json"
 
 # The report test opens report.html in a real headless Chromium (Debian's package; needs root to install).
 browser:

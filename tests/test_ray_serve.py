@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 
 import httpx
 import pytest
 
-from case_env.bench.server import wait_ready
+from case_env.bench.process import free_port, wait_ready
 from tests.server_harness import live_server
 
 CALLS = [
@@ -26,16 +25,10 @@ CALLS = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def ray_server(dataset, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ray")
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "CASE_ENV_CACHE_DIR": str(tmp / "cache"), "RAY_ADDRESS": "",
            "RAY_DISABLE_USAGE_STATS": "1", "RAY_USAGE_STATS_ENABLED": "0"}  # fmt: skip
     env.pop("CASE_ENV_TOKEN", None)

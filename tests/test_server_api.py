@@ -7,7 +7,6 @@ import concurrent.futures
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ import pytest
 from openapi_spec_validator import validate
 from pydantic import BaseModel, ConfigDict, Field
 
+from case_env.bench.process import free_port
 from case_env.data import layout
 from case_env.server.episodes import Call, EpisodeStore
 from case_env.tooling import Persona, ToolResult, ToolSpec, function_parameters, load_tools
@@ -296,7 +296,7 @@ def test_auth(dataset, tmp_path):
 
 
 def test_overload_answers_429_with_retry_after(dataset, tmp_path):
-    with live_server(dataset, tmp_path, tool_specs=WITH_SLOW, max_in_flight=2) as live:
+    with live_server(dataset, tmp_path, tool_specs=WITH_SLOW, max_in_flight=2, max_queued=0) as live:
 
         def one(n: int) -> httpx.Response:
             return post(live.url, "slow_tool", episode=f"load-{n}", seconds=1.0)
@@ -310,6 +310,27 @@ def test_overload_answers_429_with_retry_after(dataset, tmp_path):
                 assert response.headers["retry-after"] == "1"
                 assert response.json()["error"]["code"] == "overloaded"
         assert post(live.url, "slow_tool", episode="after", seconds=0.0).status_code == 200
+
+
+def test_a_burst_waits_in_the_queue_until_it_is_full_or_waited_too_long(dataset, tmp_path):
+    settings = {"max_in_flight": 2, "max_queued": 3, "queue_wait_s": 1.5}
+    with live_server(dataset, tmp_path, tool_specs=WITH_SLOW, **settings) as live:
+
+        def one(n: int) -> tuple[int, float]:
+            started = time.monotonic()
+            # distinct arguments: identical calls in flight would share one answer
+            response = post(live.url, "slow_tool", episode=f"queue-{n}", seconds=1.0 + n / 1000)
+            return response.status_code, time.monotonic() - started
+
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            results = list(pool.map(one, range(8)))
+        assert live.state.admission.active == 0 and live.state.admission.queued == 0
+    statuses = sorted(status for status, _ in results)
+    # 2 run at once and 3 wait: the first 2 waiters get slots after 1 s, the third would wait 2 s > 1.5 s;
+    # the 3 that found the queue full are refused at once.
+    assert statuses == [200, 200, 200, 200, 429, 429, 429, 429], results
+    assert sorted(t for s, t in results if s == 429)[:3] == pytest.approx([0, 0, 0], abs=0.5)
+    assert max(t for s, t in results if s == 429) == pytest.approx(1.5, abs=0.5)
 
 
 def test_a_slow_call_hits_the_deadline(dataset, tmp_path):
@@ -408,12 +429,6 @@ def test_episode_memory_is_bounded(tmp_path):
     assert store.sweep(now=1200.0) == 3 and store.live() == 0  # idle past 100 s
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _serve(dataset: Path, tmp: Path, *args: str, token: str | None = None) -> subprocess.Popen:
     env = {**os.environ, "CASE_ENV_CACHE_DIR": str(tmp / "cache")}
     env.pop("CASE_ENV_TOKEN", None)
@@ -441,14 +456,14 @@ def _wait_healthy(url: str, process: subprocess.Popen) -> None:
 
 
 def test_serve_refuses_an_exposed_address_without_a_token(dataset, tmp_path):
-    process = _serve(dataset, tmp_path, "--host", "0.0.0.0", "--port", str(_free_port()))
+    process = _serve(dataset, tmp_path, "--host", "0.0.0.0", "--port", str(free_port()))
     _, stderr = process.communicate(timeout=30)
     assert process.returncode == 2
     assert "refusing to listen on 0.0.0.0 without a token" in stderr and "Traceback" not in stderr
 
 
 def test_serve_runs_the_real_command(dataset, tmp_path):
-    port = _free_port()
+    port = free_port()
     token = "serve-token-123"
     process = _serve(
         dataset,
@@ -483,7 +498,7 @@ def test_serve_runs_the_real_command(dataset, tmp_path):
 
 
 def test_workers_share_episodes_and_metrics(dataset, tmp_path):
-    port = _free_port()
+    port = free_port()
     process = _serve(dataset, tmp_path, "--port", str(port), "--workers", "2")
     try:
         url = f"http://127.0.0.1:{port}"

@@ -13,12 +13,10 @@ import time
 from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
 from verl.tools.schemas import OpenAIFunctionToolSchema
 from verl.tools.tool_registry import load_all_tools
 from verl.utils.dataset.rl_dataset import RLHFDataset
 
-from case_env.bank.build import build, write
 from case_env.data.store import PatientStore
 from case_env.tooling import load_tools
 from case_env.verl import CaseTool
@@ -35,15 +33,12 @@ from case_env.verl.offline import (
 )
 from tests.server_harness import live_server
 from tests.test_server_api import WITH_SLOW
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.verl_rows import REPO, build_bank, dataset_config, rows, script_for
 
 
 @pytest.fixture(scope="module")
 def bank(dataset, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("bank")
-    write(build(PatientStore(dataset), seed=3, fractions=(0.8, 0.1, 0.1)), out, {"seed": 3})
-    return out
+    return build_bank(dataset, tmp_path_factory.mktemp("bank"))
 
 
 @pytest.fixture(scope="module")
@@ -61,22 +56,9 @@ def test_verl_loads_one_case_tool_per_registry_tool(monkeypatch):
     tools = load_all_tools(tool_config_path=str(REPO / DEFAULT_PATH), function_tool_path=None)
     assert sorted(t.name for t in tools) == sorted(load_tools())
     assert all(isinstance(t, CaseTool) for t in tools)
-    assert tools[0].settings.base_url == "http://127.0.0.1:9" and tools[0].settings.retries == 4
+    assert tools[0].settings.base_url == "http://127.0.0.1:9" and tools[0].settings.retries == 8
     for tool in tools:
         assert tool.get_openai_tool_schema().model_dump(exclude_none=True)["function"]["name"] == tool.name
-
-
-def dataset_config(**extra):
-    return OmegaConf.create(
-        {
-            "prompt_key": "prompt",
-            "max_prompt_length": 16384,
-            "filter_overlong_prompts": False,
-            "return_raw_chat": True,
-            "truncation": "error",
-            **extra,
-        }
-    )
 
 
 def test_bank_rows_load_through_rlhf_dataset_with_tool_kwargs_intact(bank):
@@ -101,40 +83,16 @@ def test_bank_rows_load_through_rlhf_dataset_with_tool_kwargs_intact(bank):
         assert set(extra["tool_selection"]) <= tools
 
 
-def _rows(bank: Path, per_source: int) -> list[dict]:
-    data = CaseRLHFDataset(
-        data_files=[str(bank / "train.parquet")],
-        tokenizer=build_tokenizer(),
-        config=dataset_config(),
-        processor=None,
-    )
-    chosen: dict[str, list] = {}
-    for i in range(len(data)):
-        item = data[i]
-        bucket = chosen.setdefault(item["data_source"], [])
-        if len(bucket) < per_source:
-            bucket.append(item)
-    assert set(chosen) == {"vista3d_opsd", "medpanel_v2_opsd", "medboard_opsd"}
-    return [item for items in chosen.values() for item in items]
-
-
-def _script(item: dict, correct: bool) -> list[str]:
-    extra = item["extra_info"]
-    calls = [tool_call("list_visits", {})] + [tool_call(e["tool"], e["arguments"]) for e in extra["evidence"]]
-    letter = extra["ground_truth"] if correct else "ABCD"[("ABCD".index(extra["ground_truth"]) + 1) % 4]
-    return [*calls, f"The evidence points to option {letter}.\n<answer>{letter}</answer>"]
-
-
 def test_concurrent_trajectories_of_every_persona(bank, server, dataset, monkeypatch):
     monkeypatch.setenv("CASE_ENV_URL", server.url)
     tools = load_all_tools(tool_config_path=str(REPO / DEFAULT_PATH), function_tool_path=None)
-    items = _rows(bank, per_source=12)
+    items = rows(bank, per_source=12)
     assert len(items) >= 32
     store = PatientStore(dataset)
     dates = {pid: store.patient(pid).visits[0].acq_date.isoformat() for pid in store.patient_ids()}
 
     async def one(i: int, item: dict):
-        script = _script(item, correct=i % 2 == 0)
+        script = script_for(item, correct=i % 2 == 0)
         tokenizer = build_tokenizer()
         model = ScriptedModel(tokenizer, lambda text, images, turn: script[turn])
         loop = make_loop(

@@ -13,8 +13,6 @@ import contextlib
 import json
 import os
 import random
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,6 +25,7 @@ import httpx
 import psutil
 
 from case_env.bench.load import episode_calls
+from case_env.bench.process import ServerProcess, free_port
 from case_env.data.index import scan
 
 ENGINES = {
@@ -86,47 +85,20 @@ class Sampler:
         self._thread.join()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_ready(server: subprocess.Popen, url: str, seconds: float = 90.0) -> None:
-    """Poll /readyz of a server started as `server` until it answers 200; fail fast if the process exits."""
-    deadline = time.monotonic() + seconds
-    while True:
-        if server.poll() is not None:
-            output = server.stderr or server.stdout
-            raise RuntimeError(f"server exited: {output.read()[-3000:] if output else ''}")
-        try:
-            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError("server did not become ready")
-        time.sleep(0.2)
-
-
 def run_engine(engine: str, data_root: Path, patients_file: Path, scratch: Path, rollouts: int, duration: float,
                warmup: float, workers: int, cache_mb: int | None, think_ms: float = 0.0, group_size: int = 1) -> dict:  # fmt: skip
-    port = _free_port()
-    env = {**os.environ, "CASE_ENV_DATA_ROOT": str(data_root), "CASE_ENV_CACHE_DIR": str(scratch / "cache"),
+    port = free_port()
+    env = {"CASE_ENV_DATA_ROOT": str(data_root), "CASE_ENV_CACHE_DIR": str(scratch / "cache"),
            "CASE_ENV_EPISODE_DB": str(scratch / f"episodes-{engine}.sqlite"),
-           "PROMETHEUS_MULTIPROC_DIR": str(scratch / f"metrics-{engine}")}  # fmt: skip
+           "PROMETHEUS_MULTIPROC_DIR": str(scratch / f"metrics-{engine}"),
+           "CASE_ENV_TOKEN": None, "CASE_ENV_AUDIT_LOG": None}  # fmt: skip
     if cache_mb is not None:
         env["CASE_ENV_CACHE_BYTES"] = str(cache_mb * 2**20)
-    env.pop("CASE_ENV_TOKEN", None)
-    env.pop("CASE_ENV_AUDIT_LOG", None)
     (scratch / f"metrics-{engine}").mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "uvicorn", ENGINES[engine], "--factory", "--host", "127.0.0.1",
                "--port", str(port), "--workers", str(workers), "--log-level", "warning", "--no-access-log"]  # fmt: skip
-    server = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                              start_new_session=True)  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(server, url)
+    with ServerProcess(scratch / f"server-{engine}.log", env, port=port, command=command) as server:
+        url = server.url
         with Sampler(psutil.Process(server.pid)) as sampler:
             cpu_before, started = sampler.cpu_seconds(), time.perf_counter()
             result = _load(url, patients_file, scratch / f"load-{engine}.json", rollouts, duration, warmup, think_ms,
@@ -136,14 +108,6 @@ def run_engine(engine: str, data_root: Path, patients_file: Path, scratch: Path,
         _drain(url)
         probe = _load(url, patients_file, scratch / f"probe-{engine}.json", 1, PROBE_LIMIT_S, 0.0, 0.0,
                       episodes=PROBE_EPISODES)  # fmt: skip
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
     result.update({"engine": engine, "workers": workers,
                    "server_cpu_cores": round((cpu_after - cpu_before) / elapsed, 2),
                    "server_peak_rss_mb": round(sampler.peak_rss / 2**20, 1),

@@ -19,6 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from case_env import __version__
 from case_env.data.store import PatientStore
 from case_env.imaging.service import Imaging
+from case_env.server.admission import Admission
 from case_env.server.audit import AuditLog
 from case_env.server.auth import AuthError
 from case_env.server.episodes import EpisodeStore
@@ -61,6 +62,22 @@ async def _sweep_episodes(state: ServerState) -> None:
             log.exception("episode sweep failed")
 
 
+def raise_open_file_limit(wanted: int = 65536) -> int:
+    """Raise this process's soft limit on open files toward the hard limit; returns the new soft limit.
+
+    Each memory-mapped volume holds a file descriptor (CPython's mmap keeps a duplicate until 3.13), so a
+    large decoded-volume cache plus many client connections can pass the common default of 1,024."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            return target
+    return soft
+
+
 def create_app(
     settings: ServerSettings | None = None,
     data: DataSettings | None = None,
@@ -75,6 +92,7 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        raise_open_file_limit()
         store = store_class(settings=data)
         errors = store.index.errors
         log.info(
@@ -99,6 +117,7 @@ def create_app(
                                   settings.max_calls_per_episode),
             audit=AuditLog(settings.audit_log),
             responses=ResponseCache(settings.response_cache_mb * 2**20),
+            admission=Admission(settings.max_in_flight, settings.max_queued, settings.queue_wait_s),
             metrics=Metrics(),
             render_pool=ThreadPoolExecutor(settings.render_threads, thread_name_prefix="case-env-render"),
             text_pool=ThreadPoolExecutor(settings.text_threads, thread_name_prefix="case-env-text"),
@@ -122,7 +141,8 @@ def create_app(
             state.audit.close()
 
     app = FastAPI(title="case-env", version=__version__, description=DESCRIPTION, lifespan=lifespan)
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes,
+                       per_path={"/v1/score": settings.max_score_body_bytes})  # fmt: skip
     app.include_router(ops.router)
     app.include_router(tools.router)
     app.include_router(episodes.router)
@@ -156,6 +176,11 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
+        if (
+            exc.status_code == 400
+        ):  # FastAPI's answer to a body it cannot decode (not UTF-8): one shape for all
+            return error_response(ErrorCode.INVALID_REQUEST, "invalid request: the body is not valid JSON",
+                                  status=422)  # fmt: skip
         code = ErrorCode.INVALID_REQUEST if exc.status_code < 500 else ErrorCode.INTERNAL
         return error_response(code, short(str(exc.detail)), status=exc.status_code, headers=exc.headers)
 

@@ -35,7 +35,8 @@ class AuditLog:
             "http_status": http_status,
             "latency_ms": round(latency_ms, 2),
         }
-        os.write(self._fd, (json.dumps(record, default=str, ensure_ascii=False) + "\n").encode())
+        line = json.dumps(record, default=str, ensure_ascii=False) + "\n"
+        os.write(self._fd, line.encode("utf-8", "backslashreplace"))  # a bad character never costs a line
 
     def close(self) -> None:
         if self._fd is not None:

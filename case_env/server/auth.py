@@ -1,30 +1,39 @@
-"""Bearer-token check for /v1 routes and /metrics (constant-time comparison)."""
+"""Bearer-token check for /v1 routes and /metrics (constant-time comparison).
+
+Declared through FastAPI's `HTTPBearer`, so /openapi.json names the scheme on every route that needs it and
+clients and fuzzers can see which routes take a token.
+"""
 
 from __future__ import annotations
 
 import hmac
 
-from fastapi import Request
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from case_env.tooling import ErrorCode
+
+bearer = HTTPBearer(auto_error=False, description="The server's token (CASE_ENV_TOKEN), when one is set.")
 
 
 class AuthError(Exception):
     """Raised by the dependency; the app turns it into 401 with a WWW-Authenticate header."""
 
 
-def token_matches(header: str | None, token: str) -> bool:
-    scheme, _, value = (header or "").partition(" ")
+def token_matches(credentials: HTTPAuthorizationCredentials | None, token: str) -> bool:
+    presented = credentials.credentials.strip() if credentials is not None else ""
     # compare_digest on equal-type inputs takes time independent of where they differ.
-    return scheme.lower() == "bearer" and hmac.compare_digest(value.strip().encode(), token.encode())
+    return hmac.compare_digest(presented.encode(), token.encode())
 
 
-async def require_token(request: Request) -> None:
+async def require_token(
+    request: Request, credentials: HTTPAuthorizationCredentials | None = Depends(bearer)
+) -> None:
     state = request.app.state.server
     token = state.settings.token
     if token is None:
         return
-    if not token_matches(request.headers.get("authorization"), token.get_secret_value()):
+    if not token_matches(credentials, token.get_secret_value()):
         if request.url.path.startswith("/v1/tools/") and request.method == "POST":
             tool = request.url.path.rsplit("/", 1)[-1]
             state.audit.write(episode_id=None, patient_id=None, tool=tool, arguments=None,

@@ -20,6 +20,15 @@ HTTP_STATUS = {
 }  # every other code is a model fault: HTTP 200 with ok false
 
 
+# Answers any route can give before its handler runs, all in the ErrorResponse shape: the bearer check (routes
+# that take a token), the body limit and body validation (routes that take a body).
+UNAUTHORIZED = {401: {"model": ErrorResponse, "description": "Missing or wrong bearer token."}}
+BAD_BODY = {
+    413: {"model": ErrorResponse, "description": "Request body too large."},
+    422: {"model": ErrorResponse, "description": "Malformed request body or parameters."},
+}
+
+
 def status_of(code: ErrorCode) -> int:
     return HTTP_STATUS.get(code, 200)
 

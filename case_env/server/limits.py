@@ -1,4 +1,8 @@
-"""Refuse request bodies above a size limit before they are read into memory (413)."""
+"""Refuse request bodies above a size limit before they are read into memory (413).
+
+Tool calls are small; a score request carries a whole decoded trajectory, so its route has its own, larger
+limit. A refused tool call is still a call: it gets its audit line like any other refusal.
+"""
 
 from __future__ import annotations
 
@@ -6,46 +10,62 @@ import json
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from case_env.tooling import ErrorCode
+
 _BODY = json.dumps(
     {"ok": False, "error": {"code": "invalid_request", "message": "request body too large"}}
 ).encode()
 
 
 class BodyLimit:
-    def __init__(self, app: ASGIApp, max_bytes: int):
+    def __init__(self, app: ASGIApp, max_bytes: int, per_path: dict[str, int] | None = None):
         self.app = app
         self.max_bytes = max_bytes
+        self.per_path = per_path or {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit = self.per_path.get(scope["path"], self.max_bytes)
         length = dict(scope.get("headers") or []).get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.max_bytes:
-            await self._refuse(send)
+        if length is not None and length.isdigit() and int(length) > limit:
+            await _refuse(scope, send)
             return
-        seen = 0
-
-        async def limited_receive() -> Message:
-            nonlocal seen
+        # Read the whole body here (it is small by definition) so an oversized stream without Content-Length
+        # is refused before the app sees any of it; the app then reads the buffered body.
+        chunks, seen = [], 0
+        while True:
             message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
-                    raise _BodyTooLargeError
-            return message
+            if message["type"] != "http.request":
+                return  # the client went away
+            chunks.append(message.get("body", b""))
+            seen += len(chunks[-1])
+            if seen > limit:
+                await _refuse(scope, send)
+                return
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        delivered = False
 
-        try:
-            await self.app(scope, limited_receive, send)
-        except _BodyTooLargeError:
-            await self._refuse(send)
+        async def replay() -> Message:
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # after the body: wait for the disconnect, as the server would
 
-    @staticmethod
-    async def _refuse(send: Send) -> None:
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(_BODY)).encode())]})  # fmt: skip
-        await send({"type": "http.response.body", "body": _BODY})
+        await self.app(scope, replay, send)
 
 
-class _BodyTooLargeError(Exception):
-    pass
+async def _refuse(scope: Scope, send: Send) -> None:
+    path = scope["path"]
+    if scope["method"] == "POST" and path.startswith("/v1/tools/"):
+        scope["app"].state.server.audit.write(
+            episode_id=None, patient_id=None, tool=path.rsplit("/", 1)[-1][:64], arguments=None,
+            status=ErrorCode.INVALID_REQUEST.value, http_status=413, latency_ms=0.0,
+        )  # fmt: skip
+    await send({"type": "http.response.start", "status": 413,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(_BODY)).encode())]})  # fmt: skip
+    await send({"type": "http.response.body", "body": _BODY})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from case_env.tooling import ErrorCode, Persona
 
@@ -36,6 +36,30 @@ class ToolCallRequest(BaseModel):
     arguments: dict[str, Any] = Field(
         default_factory=dict, description="The tool's arguments, as the model gave them."
     )
+
+    @field_validator("arguments")
+    @classmethod
+    def _unicode_text(cls, value: dict[str, Any]) -> dict[str, Any]:
+        """JSON may spell a lone surrogate (\\ud800) that no UTF-8 text can hold; refuse it here, before it
+        reaches a tool, the audit log or the response encoder."""
+        _check_text(value)
+        return value
+
+
+def _check_text(value: Any) -> None:
+    pending = [value]  # iterative: arguments can nest as deep as the JSON parser allows
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ValueError("text must be valid Unicode (found a lone surrogate)") from None
+        elif isinstance(item, dict):
+            pending.extend(item.keys())
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
 
 
 class ImagePayload(BaseModel):

@@ -19,9 +19,17 @@ class ServerSettings(BaseSettings):
     port: int = Field(8000, ge=0, le=65535, description="TCP port.")
     workers: int = Field(1, ge=1, le=64, description="uvicorn worker processes.")
     token: SecretStr | None = Field(
-        None, description="Bearer token required on every /v1 route and /metrics."
+        None, min_length=8, description="Bearer token required on every /v1 route and /metrics."
     )
-    max_in_flight: int = Field(256, ge=1, description="Calls in flight per worker before answering 429.")
+    max_in_flight: int = Field(256, ge=1, description="Calls served at once per worker; others queue.")
+    max_queued: int = Field(
+        1024,
+        ge=0,
+        description="Calls waiting for a slot per worker; a call that finds the queue full gets 429.",
+    )
+    queue_wait_s: float = Field(
+        2.0, ge=0, description="Longest wait for a slot before 429 (it counts against the call's deadline)."
+    )
     retry_after_s: int = Field(1, ge=1, description="Retry-After seconds sent with 429 and 503.")
     tool_deadline_s: float = Field(20.0, gt=0, description="Per-call deadline; past it the call answers 504.")
     render_threads: int = Field(
@@ -59,3 +67,6 @@ class ServerSettings(BaseSettings):
     audit_log: Path | None = Field(None, description="File that receives one JSON line per call.")
     image_max_side: int = Field(448, ge=64, le=2048, description="Longest side of returned images in pixels.")
     max_body_bytes: int = Field(65536, ge=1024, description="Larger request bodies are refused with 413.")
+    max_score_body_bytes: int = Field(
+        4 * 2**20, ge=1024, description="Body limit of POST /v1/score, which carries a whole trajectory."
+    )

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from case_env.data.store import PatientStore
 from case_env.imaging.service import Imaging
+from case_env.server.admission import Admission
 from case_env.server.audit import AuditLog
 from case_env.server.episodes import EpisodeStore
 from case_env.server.metrics import Metrics
@@ -33,7 +34,7 @@ class ServerState:
     text_pool: ThreadPoolExecutor
     responses: ResponseCache = field(default_factory=lambda: ResponseCache(0))
     replay: ReplayBook | None = None  # set: tools answer from recordings, the data root is not used
-    in_flight: int = 0
+    admission: Admission = field(default_factory=lambda: Admission(1, 0, 0.0))
     tasks: list[asyncio.Task] = field(default_factory=list)
     preload_pool: ThreadPoolExecutor | None = None  # set: warm each new patient's volumes in the background
     _warmed: set[str] = field(default_factory=set)

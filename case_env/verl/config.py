@@ -12,19 +12,12 @@ from pathlib import Path
 import yaml
 
 from case_env.tooling import load_tools, schema_version
+from case_env.verl.settings import AdapterConfig
 
 DEFAULT_PATH = Path("configs/verl/case_tools.yaml")
-ADAPTER = {
-    "type": "native",
-    "base_url": "${oc.env:CASE_ENV_URL,http://127.0.0.1:8000}",
-    "token_env": "CASE_ENV_TOKEN",
-    "timeout_s": 30,
-    "deadline_s": 120,
-    "retries": 4,
-    "backoff_s": 0.5,
-    "max_backoff_s": 8,
-    "max_concurrency": 64,
-}
+# verl resolves the interpolation when it loads the file; every other value is the adapter's default
+ADAPTER = {"type": "native", **AdapterConfig().model_dump(),
+           "base_url": "${oc.env:CASE_ENV_URL,http://127.0.0.1:8000}"}  # fmt: skip
 
 
 def render() -> str:

@@ -27,28 +27,12 @@ from uuid import uuid4
 
 import httpx
 from PIL import Image
-from pydantic import BaseModel, ConfigDict, Field
 from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
+from case_env.verl.settings import AdapterConfig
+
 RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504})
-
-
-class AdapterConfig(BaseModel):
-    """The `config:` block of a tool entry in the verl tool YAML."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    base_url: str = Field("http://127.0.0.1:8000", description="Where the case-env server listens.")
-    token_env: str = Field("CASE_ENV_TOKEN", description="Environment variable holding the bearer token.")
-    timeout_s: float = Field(30.0, gt=0, description="Timeout of one HTTP attempt.")
-    deadline_s: float = Field(120.0, gt=0, description="Time budget of a call including all retries.")
-    retries: int = Field(
-        4, ge=0, description="Retries after the first attempt, on 429/5xx/connection errors."
-    )
-    backoff_s: float = Field(0.5, ge=0, description="First backoff; doubles per retry, with jitter.")
-    max_backoff_s: float = Field(8.0, ge=0, description="Longest single backoff (also caps Retry-After).")
-    max_concurrency: int = Field(64, ge=1, description="Calls in flight from one AgentLoopWorker.")
 
 
 class _Connection:
@@ -136,8 +120,10 @@ class CaseTool(BaseTool):
             if attempt == settings.retries:
                 break
             pause = min(settings.max_backoff_s, settings.backoff_s * 2**attempt) * random.uniform(0.5, 1.0)
-            if retry_after is not None:
-                pause = max(pause, min(retry_after, settings.max_backoff_s))
+            if (
+                retry_after is not None
+            ):  # a floor, spread over [1, 2) x so refused callers do not return as one herd
+                pause = max(pause, min(retry_after * random.uniform(1.0, 2.0), settings.max_backoff_s))
             await asyncio.sleep(min(pause, max(0.0, settings.deadline_s - (time.monotonic() - started))))
         text = (f"Error: the imaging service did not answer ({status}). Try again later, or answer with the "
                 "evidence you already have.")  # fmt: skip

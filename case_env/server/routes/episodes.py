@@ -5,17 +5,22 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Path, Request
 
 from case_env.server.auth import require_token
-from case_env.server.errors import error_response
+from case_env.server.errors import BAD_BODY, UNAUTHORIZED, error_response
 from case_env.server.models import EPISODE_ID_PATTERN, EpisodeResponse, ErrorResponse
 from case_env.tooling import ErrorCode
 
-router = APIRouter(prefix="/v1", tags=["episodes"], dependencies=[Depends(require_token)])
+router = APIRouter(
+    prefix="/v1", tags=["episodes"], dependencies=[Depends(require_token)], responses=UNAUTHORIZED
+)
 
 
 @router.get(
     "/episodes/{episode_id}",
     response_model=EpisodeResponse,
-    responses={404: {"model": ErrorResponse, "description": "Unknown or expired episode."}},
+    responses={
+        404: {"model": ErrorResponse, "description": "Unknown or expired episode."},
+        422: BAD_BODY[422],
+    },
     summary="The calls of an episode",
 )
 async def get_episode(

@@ -7,6 +7,7 @@ from fastapi.responses import JSONResponse, Response
 
 from case_env import __version__
 from case_env.server.auth import require_token
+from case_env.server.errors import UNAUTHORIZED
 from case_env.server.models import HealthResponse, ReadyResponse
 
 router = APIRouter(tags=["operations"])
@@ -34,7 +35,10 @@ async def readyz(request: Request):
     "/metrics",
     dependencies=[Depends(require_token)],
     response_class=Response,
-    responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text format."}},
+    responses={
+        200: {"content": {"text/plain": {}}, "description": "Prometheus text format."},
+        **UNAUTHORIZED,
+    },
     summary="Prometheus metrics",
 )
 async def metrics(request: Request) -> Response:

@@ -9,8 +9,11 @@ from pydantic import BaseModel, Field
 
 from case_env.reward import compute_score
 from case_env.server.auth import require_token
+from case_env.server.errors import BAD_BODY, UNAUTHORIZED
 
-router = APIRouter(prefix="/v1", tags=["reward"], dependencies=[Depends(require_token)])
+router = APIRouter(
+    prefix="/v1", tags=["reward"], dependencies=[Depends(require_token)], responses=UNAUTHORIZED | BAD_BODY
+)
 
 
 class ScoreRequest(BaseModel):

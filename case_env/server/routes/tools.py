@@ -1,9 +1,9 @@
 """POST /v1/tools/{name} and GET /v1/tools: the tool calls verl's rollouts make.
 
-A call passes, in order: readiness (503), admission against the in-flight bound (429 + Retry-After),
-patient lookup (404), episode scope (403), tool and argument checks (ok false), the response cache (the same
-pure call on unchanged data answers from memory), then the handler in the bounded thread pool under the
-per-call deadline (504): image tools in the render pool, text tools in
+A call passes, in order: readiness (503), admission (one of the in-flight slots, after at most a short
+queue; else 429 + Retry-After), patient lookup (404), episode scope (403), tool and argument checks (ok
+false), the response cache (the same pure call on unchanged data answers from memory), then the handler in
+a bounded thread pool under the per-call deadline (504): image tools in the render pool, text tools in
 their own small pool so they never queue behind renders. Loading, rendering, PNG and base64 encoding all
 happen in those pools; the event loop only routes, books and answers. Every outcome is counted, written to
 the audit log and, once the episode is bound, to the episode's call list.
@@ -26,7 +26,7 @@ from pydantic import BaseModel
 from case_env.errors import DataError, MissingDataError
 from case_env.server.auth import require_token
 from case_env.server.episodes import Call
-from case_env.server.errors import status_of
+from case_env.server.errors import BAD_BODY, UNAUTHORIZED, status_of
 from case_env.server.models import (
     ErrorInfo,
     ImagePayload,
@@ -39,14 +39,14 @@ from case_env.server.state import ServerState
 from case_env.tooling import ErrorCode, ToolContext, ToolError, ToolResult, ToolSpec, canonical_arguments
 
 log = logging.getLogger("case_env.server")
-router = APIRouter(prefix="/v1", tags=["tools"], dependencies=[Depends(require_token)])
+router = APIRouter(
+    prefix="/v1", tags=["tools"], dependencies=[Depends(require_token)], responses=UNAUTHORIZED
+)
 
 _ERROR_RESPONSES = {
-    401: {"model": ToolCallResponse, "description": "Missing or wrong bearer token."},
+    **BAD_BODY,
     403: {"model": ToolCallResponse, "description": "The episode is bound to another patient."},
     404: {"model": ToolCallResponse, "description": "Unknown patient."},
-    413: {"description": "Request body too large."},
-    422: {"model": ToolCallResponse, "description": "Malformed request body."},
     429: {
         "model": ToolCallResponse,
         "description": "Too many calls in flight; retry after Retry-After seconds.",
@@ -125,8 +125,17 @@ async def _serve(state: ServerState, name: str, body: ToolCallRequest, started: 
     retry = {"Retry-After": str(state.settings.retry_after_s)}
     if not ready:
         return Outcome.failure(ErrorCode.NOT_READY, f"server not ready: {reason}", headers=retry)
-    if state.in_flight >= state.settings.max_in_flight:
+    if not await state.admission.enter():  # shed load before any lookup or database write
         return Outcome.failure(ErrorCode.OVERLOADED, "too many calls in flight; retry shortly", headers=retry)
+    state.metrics.in_flight.inc()
+    try:
+        return await _admitted(state, name, body, started)
+    finally:
+        state.admission.leave()
+        state.metrics.in_flight.dec()
+
+
+async def _admitted(state: ServerState, name: str, body: ToolCallRequest, started: float) -> Outcome:
     if not state.has_patient(body.patient_id):
         return Outcome.failure(ErrorCode.UNKNOWN_PATIENT, f"unknown patient {body.patient_id!r}")
     bound_to = state.episodes.bind(body.episode_id, body.patient_id)
@@ -139,13 +148,7 @@ async def _serve(state: ServerState, name: str, body: ToolCallRequest, started: 
         return Outcome.failure(
             ErrorCode.UNKNOWN_TOOL, f"unknown tool {name!r}; available tools: {valid}", bound=True
         )
-    state.in_flight += 1
-    state.metrics.in_flight.inc()
-    try:
-        return await _run(state, spec, body, started)
-    finally:
-        state.in_flight -= 1
-        state.metrics.in_flight.dec()
+    return await _run(state, spec, body, started)
 
 
 async def _run(state: ServerState, spec: ToolSpec, body: ToolCallRequest, started: float) -> Outcome:

@@ -1,0 +1,187 @@
+"""Check 4: scope and auth on `case-env serve` with a token and two workers (so a binding made on one worker
+must hold on the other).
+
+- Every /v1 route and /metrics, as listed by /openapi.json, refuses a missing, wrong or scheme-less token.
+- An episode bound to one patient can never read another, whatever the tool, including when many first
+  calls for one fresh episode race across workers with different patients.
+- Neither the right token nor the wrong ones appear in the server's log or the audit log, and the server's
+  log holds no patient id (that is the audit log's job).
+- The audit log has exactly one line per tool call, refused ones included, with the status the client saw.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+
+import httpx
+
+from case_env.bench.process import ServerProcess
+from case_env.data.store import PatientStore
+from case_env.tooling import load_tools
+from tests.reliability.conftest import size
+
+TOKEN = "scope-token-7f3a9c1e5b"
+WRONG = ["scope-token-7f3a9c1e5c", "Bearer", TOKEN[:-1], TOKEN + "x"]
+GOOD = {"Authorization": f"Bearer {TOKEN}"}
+ARGUMENTS = {
+    "list_visits": {}, "get_clinical_context": {"section": "history"}, "read_report": {"visit": "follow_up"},
+    "get_organ_volume": {"organ": "liver", "visit": "baseline"}, "compare_organ_volume": {"organ": "spleen"},
+    "render_slice": {"visit": "baseline", "sequence": "fat", "plane": "axial", "organ": "liver"},
+    "render_comparison": {"sequence": "water", "plane": "coronal", "organ": "liver"},
+}  # fmt: skip
+
+
+class Client:
+    """Tool calls that remember what the client saw, to compare with the audit log."""
+
+    def __init__(self, url: str):
+        self.url = url
+        self.seen: Counter = Counter()
+
+    async def call(self, http: httpx.AsyncClient, tool: str, episode: str, patient: str, headers=GOOD,
+                   arguments: dict | None = None) -> httpx.Response:  # fmt: skip
+        body = {"episode_id": episode, "patient_id": patient, "arguments": ARGUMENTS.get(tool, {})
+                if arguments is None else arguments}  # fmt: skip
+        response = await http.post(f"{self.url}/v1/tools/{tool}", json=body, headers=headers)
+        self.seen[(tool, response.status_code)] += 1
+        return response
+
+
+def test_scope_and_auth(dataset, tmp_path, figures):
+    assert set(ARGUMENTS) == set(load_tools())
+    store = PatientStore(dataset)
+    patients = store.patient_ids()
+    dates = {p: store.patient(p).visits[0].acq_date.isoformat() for p in patients}
+    audit = tmp_path / "audit.jsonl"
+    env = {"CASE_ENV_DATA_ROOT": str(dataset), "CASE_ENV_TOKEN": TOKEN, "CASE_ENV_AUDIT_LOG": str(audit),
+           "CASE_ENV_WORKERS": "2", "CASE_ENV_CACHE_DIR": str(tmp_path / "cache"),
+           "CASE_ENV_EPISODE_DB": str(tmp_path / "episodes.sqlite")}  # fmt: skip
+    with ServerProcess(tmp_path / "server.log", env, log_level="info") as server:
+        routes = _routes(server.url)
+        client = Client(server.url)
+        auth_refusals, auth_leaks = asyncio.run(_auth(client, routes))
+        scope = asyncio.run(_scope(client, patients, dates, rounds=size(ci=3, full=20)))
+        race = asyncio.run(_race(client, patients, episodes=size(ci=10, full=100)))
+        refusals = asyncio.run(_refusals(client))
+    log = (tmp_path / "server.log").read_text(errors="replace")
+    audit_text = audit.read_text()
+    lines = [json.loads(line) for line in audit_text.splitlines()]
+    audited = Counter((line["tool"], line["http_status"]) for line in lines)
+    secrets_in_logs = sum(text.count(secret) for text in (log, audit_text) for secret in [TOKEN, WRONG[0]])
+    figures.update({
+        "routes_requiring_token": len(routes),
+        "unauthenticated_attempts_refused": auth_refusals,
+        "unauthenticated_attempts_answered": auth_leaks,
+        "scope_attempts": scope["attempts"],
+        "scope_attempts_refused": scope["refused"],
+        "other_patient_data_returned": scope["leaks"],
+        "racing_episodes": race["episodes"],
+        "racing_episodes_with_one_patient": race["single"],
+        "tokens_in_logs": secrets_in_logs,
+        "patient_ids_in_server_log": sum(log.count(p) for p in patients),
+        "refused_kinds_audited": refusals,
+        "tool_calls_made": sum(client.seen.values()),
+        "audit_lines": len(lines),
+        "audit_matches_calls": audited == client.seen,
+    })  # fmt: skip
+    assert auth_leaks == 0 and auth_refusals == len(routes) * (len(WRONG) + 2)
+    assert scope["refused"] == scope["attempts"] and scope["leaks"] == 0
+    assert race["single"] == race["episodes"]
+    assert secrets_in_logs == 0 and figures["patient_ids_in_server_log"] == 0
+    assert "GET /v1/tools" in log  # the access log was on, so the checks above read a real log
+    assert audited == client.seen, (audited - client.seen, client.seen - audited)
+
+
+def _routes(url: str) -> list[tuple[str, str]]:
+    """Every operation that declares the bearer scheme, read from the server's own OpenAPI document."""
+    spec = httpx.get(f"{url}/openapi.json", timeout=10).json()
+    routes = [(method.upper(), path) for path, item in spec["paths"].items() for method, op in item.items()
+              if op.get("security")]  # fmt: skip
+    assert {path for _, path in routes} >= {"/metrics", "/v1/tools", "/v1/tools/{name}", "/v1/score"}
+    assert all(path.startswith("/v1/") or path == "/metrics" for _, path in routes)
+    assert {p for p in spec["paths"] if p.startswith("/v1/")} <= {p for _, p in routes}
+    return routes
+
+
+async def _auth(client: Client, routes: list[tuple[str, str]]) -> tuple[int, int]:
+    bodies = {"/v1/score": {"data_source": "x", "solution_str": "<answer>A</answer>", "ground_truth": "A"},
+              "/v1/tools/{name}": {"episode_id": "auth-probe", "patient_id": "case0001", "arguments": {}}}  # fmt: skip
+    attempts = [{}, {"Authorization": TOKEN}] + [{"Authorization": f"Bearer {w}"} for w in WRONG]
+    refused = answered = 0
+    async with httpx.AsyncClient(timeout=30) as http:
+        for method, path in routes:
+            target = client.url + path.replace("{name}", "list_visits").replace("{episode_id}", "auth-probe")
+            for headers in attempts:
+                response = await http.request(method, target, json=bodies.get(path), headers=headers)
+                if path == "/v1/tools/{name}":
+                    client.seen[("list_visits", response.status_code)] += 1
+                if response.status_code == 401 and response.headers.get("www-authenticate") == "Bearer":
+                    refused += 1
+                else:
+                    answered += 1
+            allowed = await http.request(method, target, json=bodies.get(path), headers=GOOD)
+            if path == "/v1/tools/{name}":
+                client.seen[("list_visits", allowed.status_code)] += 1
+            assert allowed.status_code in (200, 404), (
+                path,
+                allowed.text,
+            )  # 404: the probe episode is unknown
+    return refused, answered
+
+
+async def _scope(client: Client, patients: list[str], dates: dict[str, str], rounds: int) -> dict:
+    attempts = refused = leaks = 0
+    async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=4)) as http:
+        for r in range(rounds):
+            for i, owner in enumerate(patients):
+                episode = f"scope-{r}-{i}"
+                assert (await client.call(http, "list_visits", episode, owner)).status_code == 200
+                other = patients[(i + 1 + r % (len(patients) - 1)) % len(patients)]  # never the owner
+                assert other != owner
+                for tool in ARGUMENTS:
+                    response = await client.call(http, tool, episode, other)
+                    attempts += 1
+                    refused += (
+                        response.status_code == 403 and response.json()["error"]["code"] == "scope_violation"
+                    )
+                    leaks += dates[other] in response.text or bool(response.json().get("images"))
+                # the owner still gets answers, and only its own
+                own = await client.call(http, "list_visits", episode, owner)
+                assert dates[owner] in own.json()["text"]
+    return {"attempts": attempts, "refused": refused, "leaks": leaks}
+
+
+async def _refusals(client: Client) -> list[int]:
+    """One call of each other kind of refusal, so the audit comparison covers them too."""
+    async with httpx.AsyncClient(timeout=30) as http:
+        statuses = [
+            (await client.call(http, "list_visits", "refusal", "case9999")).status_code,
+            (await client.call(http, "list_visits", "../refusal", "case0001")).status_code,
+            (await client.call(http, "get_organ_volume", "refusal", "case0001", arguments={"organ": "x" * 70_000})).status_code,
+            (await client.call(http, "no_such_tool", "refusal", "case0001")).status_code,
+            (await client.call(http, "list_visits", "refusal", "case0001", headers={})).status_code,
+        ]  # fmt: skip
+    assert statuses == [404, 422, 413, 200, 401]
+    return sorted(set(statuses))
+
+
+async def _race(client: Client, patients: list[str], episodes: int) -> dict:
+    """Many first calls of one fresh episode at once, each naming a different patient, spread over both
+    workers by fresh connections: exactly one patient may own the episode and only its calls succeed."""
+    single = 0
+    for n in range(episodes):
+        episode = f"race-{n}"
+
+        async def one(patient: str, episode: str):
+            async with httpx.AsyncClient(timeout=60) as http:  # own connection: lands on either worker
+                return patient, await client.call(http, "list_visits", episode, patient)
+
+        results = await asyncio.gather(*[one(p, episode) for p in patients])
+        winners = {p for p, r in results if r.status_code == 200}
+        losers = [r.status_code for p, r in results if p not in winners]
+        async with httpx.AsyncClient(timeout=30) as http:
+            owner = (await http.get(f"{client.url}/v1/episodes/{episode}", headers=GOOD)).json()["patient_id"]
+        single += winners == {owner} and losers == [403] * (len(patients) - 1)
+    return {"episodes": episodes, "single": single}
