@@ -191,7 +191,7 @@ def test_a_slow_server_makes_the_adapter_time_out_retry_and_continue(dataset, tm
 
 def test_retries_ride_out_overload(dataset, tmp_path):
     schema = OpenAIFunctionToolSchema.model_validate(WITH_SLOW["slow_tool"].openai_schema())
-    with live_server(dataset, tmp_path, tool_specs=WITH_SLOW, max_in_flight=1) as live:
+    with live_server(dataset, tmp_path, tool_specs=WITH_SLOW, max_in_flight=1, max_queued=0) as live:
         tool = CaseTool(
             {
                 "type": "native",

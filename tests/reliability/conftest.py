@@ -15,10 +15,18 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 SCALE = os.environ.get("CASE_ENV_RELIABILITY", "ci")
 if SCALE not in ("ci", "full"):
     raise pytest.UsageError(f"CASE_ENV_RELIABILITY must be ci or full, not {SCALE!r}")
+
+
+def explore(max_examples: int, **overrides) -> settings:
+    """Hypothesis settings of this suite: at CI scale the examples are derived from the test (the same on
+    every run, so CI is red only when the code changed); at full scale they are drawn afresh each run."""
+    return settings(max_examples=max_examples, deadline=None, database=None, derandomize=SCALE == "ci",
+                    suppress_health_check=list(HealthCheck), **overrides)  # fmt: skip
 
 
 def size(ci: int, full: int) -> int:

@@ -10,10 +10,12 @@ type or header, and a body that does not match its declared schema.
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections import Counter
 
+import pytest
 import schemathesis
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import Phase, given
 from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
@@ -27,7 +29,7 @@ from schemathesis.checks import (
 )
 from schemathesis.core.failures import FailureGroup
 
-from tests.reliability.conftest import size
+from tests.reliability.conftest import explore, size
 from tests.server_harness import live_server
 
 TOKEN = "fuzz-token-0123456789"
@@ -49,8 +51,7 @@ class Fuzzer:
 
         @given(case=operation.as_strategy(generation_mode=mode), auth=st.sampled_from(AUTH),
                patient=st.sampled_from([None, *self.patients]), tool=st.sampled_from([None, *self.tools]))  # fmt: skip
-        @settings(max_examples=self.examples, deadline=None, phases=[Phase.generate], database=None,
-                  suppress_health_check=list(HealthCheck))  # fmt: skip
+        @explore(self.examples, phases=[Phase.generate])
         def fuzz(case, auth, patient, tool):
             if mode is GenerationMode.POSITIVE:  # steer half the calls past the lookups
                 if patient and isinstance(case.body, dict) and "patient_id" in case.body:
@@ -70,6 +71,17 @@ class Fuzzer:
             fuzz()
 
 
+@pytest.fixture
+def _deep_stack():
+    """Schemathesis builds its generators recursively; near the default limit, CPython 3.11's ast module
+    (which Hypothesis uses to describe strategies) fails with SystemError instead of RecursionError."""
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 20_000))
+    yield
+    sys.setrecursionlimit(limit)
+
+
+@pytest.mark.usefixtures("_deep_stack")
 def test_fuzz(dataset, tmp_path, figures):
     with live_server(dataset, tmp_path, token=TOKEN) as live:
         schema = schemathesis.openapi.from_url(f"{live.url}/openapi.json")

@@ -14,12 +14,12 @@ from urllib.parse import quote
 
 import httpx
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from case_env.reward import compute_score
 from case_env.tooling import MODEL_FAULTS, load_tools
-from tests.reliability.conftest import size
+from tests.reliability.conftest import explore, size
 from tests.server_harness import live_server
 
 HOSTILE_TEXT = [
@@ -104,8 +104,7 @@ def _post(live, tool: str, body: dict | bytes, headers: dict | None = None) -> h
 @pytest.mark.parametrize("tool", sorted(TOOLS))
 def test_hostile_arguments_of_every_tool(live, tool):
     @given(arguments=tool_arguments(tool), episode=st.integers(0, 10**9))
-    @settings(max_examples=size(ci=40, full=300), deadline=None, database=None,
-              suppress_health_check=list(HealthCheck))  # fmt: skip
+    @explore(size(ci=40, full=300))
     def call(arguments, episode):
         body = {"episode_id": f"hostile-{episode}", "patient_id": "case0003", "arguments": arguments}
         response = _post(live, tool, body)
@@ -113,26 +112,30 @@ def test_hostile_arguments_of_every_tool(live, tool):
         if response.status_code == 200 and not payload["ok"]:
             assert payload["error"]["code"] in MODEL_FAULTS and payload["text"] == payload["error"]["message"]
 
+    start = len(TALLY.problems)
     call()
-    assert not TALLY.problems, TALLY.problems[:5]
+    assert not TALLY.problems[start:], TALLY.problems[start:][:5]
 
 
 def test_hostile_patient_episode_and_tool_names(live):
     @given(patient=hostile_text, episode=hostile_text | st.just("ok-episode"),
            tool=st.sampled_from(sorted(TOOLS)) | st.text(min_size=1, max_size=80).filter(lambda t: "/" not in t))  # fmt: skip
-    @settings(max_examples=size(ci=150, full=1500), deadline=None, database=None,
-              suppress_health_check=list(HealthCheck))  # fmt: skip
+    @explore(size(ci=150, full=1500))
     def call(patient, episode, tool):
         body = {"episode_id": episode, "patient_id": patient, "arguments": {}}
         response = httpx.post(f"{live.url}/v1/tools/{quote(tool, safe='')}", json=body, timeout=30)
-        # only case0002 is a real id among the hostile ones; anything else is refused outright
+        # only case0002 is a real id among the hostile ones; anything else is refused outright. A tool named
+        # "." or ".." is a dot segment: the client resolves it to /v1/tools/ (405, GET only) or /v1/ (404).
         allowed = {200, 403, 404, 422} if patient == "case0002" else {404, 422}
+        if tool in (".", ".."):
+            allowed = {404, 405}
         TALLY.check(
             response, allowed, f"patient {patient[:40]!r} episode {episode[:40]!r} tool {tool[:40]!r}"
         )
 
+    start = len(TALLY.problems)
     call()
-    assert not TALLY.problems, TALLY.problems[:5]
+    assert not TALLY.problems[start:], TALLY.problems[start:][:5]
 
 
 MALFORMED = {
@@ -167,6 +170,7 @@ def test_malformed_bodies_are_refused_with_422(live, name):
 
 
 def test_oversized_bodies_are_refused_with_413(live):
+    start = len(TALLY.problems)
     big = {"episode_id": "e", "patient_id": "case0001", "arguments": {"organ": "x" * 70_000}}
     assert TALLY.check(_post(live, "get_organ_volume", big), {413}, "oversized body") is not None
 
@@ -182,7 +186,7 @@ def test_oversized_bodies_are_refused_with_413(live):
     wrong_type = httpx.post(f"{live.url}/v1/tools/list_visits", content=b"{}", timeout=30,
                             headers={"content-type": "text/plain"})  # fmt: skip
     TALLY.check(wrong_type, {422}, "text/plain body")
-    assert not TALLY.problems, TALLY.problems[:5]
+    assert not TALLY.problems[start:], TALLY.problems[start:][:5]
 
 
 # --- the reward parser -------------------------------------------------------------------------------------
@@ -192,7 +196,7 @@ answer_free_text = st.text(st.characters(blacklist_characters="ABCDE<>\\{}"), ma
 
 @given(solution=st.text(max_size=2000) | st.sampled_from(HOSTILE_TEXT), truth=st.text(max_size=8),
        source=st.text(max_size=30))  # fmt: skip
-@settings(max_examples=size(ci=400, full=5000), database=None)
+@explore(size(ci=400, full=5000))
 def test_reward_is_total(solution, truth, source):
     """Any input scores: the four keys, score and acc equal and 0 or 1, never an exception."""
     result = compute_score(source, solution, truth)
@@ -203,7 +207,7 @@ def test_reward_is_total(solution, truth, source):
 
 @given(before=st.text(max_size=400), inside=st.text(max_size=400), after=answer_free_text,
        truth=st.sampled_from("ABCD"))  # fmt: skip
-@settings(max_examples=size(ci=300, full=3000), database=None)
+@explore(size(ci=300, full=3000))
 def test_a_tool_response_never_answers(before, inside, after, truth):
     """Whatever a tool returned, if the model wrote no answer letter after it, the score is 0."""
     solution = f"{before}<tool_response>{inside}<answer>{truth}</answer></tool_response>{after}"
@@ -212,7 +216,7 @@ def test_a_tool_response_never_answers(before, inside, after, truth):
 
 @given(reasoning=st.text(max_size=400), letter=st.sampled_from("ABCD"), truth=st.sampled_from("ABCD"),
        trailing=st.text(" \n\t.", max_size=5))  # fmt: skip
-@settings(max_examples=size(ci=300, full=3000), database=None)
+@explore(size(ci=300, full=3000))
 def test_a_final_answer_scores_exactly_when_right(reasoning, letter, truth, trailing):
     result = compute_score("x", f"<think>{reasoning}</think>\n<answer>{letter}</answer>{trailing}", truth)
     if "</think>" in reasoning:
@@ -229,7 +233,7 @@ def _more_than_closing_punctuation(tail: str) -> bool:
     letter=st.sampled_from("ABCD"),
     tail=st.text(min_size=1, max_size=200).filter(_more_than_closing_punctuation),
 )
-@settings(max_examples=size(ci=300, full=3000), database=None)
+@explore(size(ci=300, full=3000))
 def test_nothing_may_follow_the_answer(letter, tail):
     assert compute_score("x", f"<answer>{letter}</answer>{tail}", letter)["score"] == 0.0 or (
         compute_score("x", tail, letter)["score"] == 1.0  # the tail is itself a later, valid answer

@@ -21,7 +21,7 @@ from case_env.tooling import load_tools
 from case_env.verl import CaseTool
 from tests.reliability.conftest import size
 
-CALLS = size(ci=500, full=2000)
+CALLS = size(ci=400, full=2000)
 MAX_IN_FLIGHT = 32
 MAX_QUEUED = 64  # the server's queue absorbs a burst this big; the rest must be refused and retried
 DEADLINE_S = 10.0

@@ -73,7 +73,7 @@ def _smallest_volume(root, patient: str) -> int:
 def test_soak(dataset, tmp_path, figures):
     root = _many_patients(dataset, tmp_path)
     patients = scan(root).patient_ids()
-    target = size(ci=4000, full=50_000)
+    target = size(ci=3000, full=50_000)
     episodes = math.ceil(target / CALLS_PER_EPISODE / ROLLOUTS)
     env = {"CASE_ENV_DATA_ROOT": str(root), "CASE_ENV_CACHE_DIR": str(tmp_path / "cache"),
            "CASE_ENV_CACHE_BYTES": str(CACHE_MB * MB), "CASE_ENV_RESPONSE_CACHE_MB": str(RESPONSE_CACHE_MB),
