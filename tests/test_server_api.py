@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
-import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -17,7 +15,7 @@ import pytest
 from openapi_spec_validator import validate
 from pydantic import BaseModel, ConfigDict, Field
 
-from case_env.bench.process import free_port
+from case_env.bench.process import ServerProcess, free_port
 from case_env.data import layout
 from case_env.server.episodes import Call, EpisodeStore
 from case_env.tooling import Persona, ToolResult, ToolSpec, function_parameters, load_tools
@@ -177,6 +175,9 @@ def test_every_call_is_audited_including_refused_ones(server):
     post(server.url, "list_visits", patient="case9999", episode="audited-2")  # 404
     post(server.url, "no_such_tool", patient="case0003", episode="audited")  # ok false
     httpx.post(f"{server.url}/v1/tools/list_visits", json={"patient_id": "case0003"}, timeout=10)  # 422
+    undecodable = httpx.post(f"{server.url}/v1/tools/read_report", content=b'{"a": "\xff"}', timeout=10,
+                             headers={"content-type": "application/json"})  # fmt: skip
+    assert undecodable.status_code == 422
     lines = audit_lines(server)[before:]
     assert [(line["tool"], line["status"], line["http_status"]) for line in lines] == [
         ("list_visits", "ok", 200),
@@ -184,6 +185,7 @@ def test_every_call_is_audited_including_refused_ones(server):
         ("list_visits", "unknown_patient", 404),
         ("no_such_tool", "unknown_tool", 200),
         ("list_visits", "invalid_request", 422),
+        ("read_report", "invalid_request", 422),
     ]
     assert lines[0]["episode_id"] == "audited" and lines[0]["patient_id"] == "case0003"
     assert all({"time", "arguments", "latency_ms"} <= set(line) for line in lines)
@@ -429,58 +431,30 @@ def test_episode_memory_is_bounded(tmp_path):
     assert store.sweep(now=1200.0) == 3 and store.live() == 0  # idle past 100 s
 
 
-def _serve(dataset: Path, tmp: Path, *args: str, token: str | None = None) -> subprocess.Popen:
-    env = {**os.environ, "CASE_ENV_CACHE_DIR": str(tmp / "cache")}
-    env.pop("CASE_ENV_TOKEN", None)
-    if token:
-        env["CASE_ENV_TOKEN"] = token
-    return subprocess.Popen(
-        [sys.executable, "-m", "case_env.cli", "serve", "--data-root", str(dataset), *args],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def _wait_healthy(url: str, process: subprocess.Popen) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        assert process.poll() is None, process.stderr.read()
-        try:
-            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            time.sleep(0.1)
-    raise AssertionError("server did not come up")
+def _serve(dataset: Path, tmp: Path, *args: str, token: str | None = None) -> ServerProcess:
+    """The real `case-env serve` command with these flags (which take precedence over the environment)."""
+    port = int(args[args.index("--port") + 1])
+    command = [sys.executable, "-m", "case_env.cli", "serve", "--data-root", str(dataset), *args]
+    env = {"CASE_ENV_CACHE_DIR": str(tmp / "cache"), "CASE_ENV_TOKEN": token}
+    return ServerProcess(tmp / "server.log", env, port=port, command=command)
 
 
 def test_serve_refuses_an_exposed_address_without_a_token(dataset, tmp_path):
-    process = _serve(dataset, tmp_path, "--host", "0.0.0.0", "--port", str(free_port()))
-    _, stderr = process.communicate(timeout=30)
-    assert process.returncode == 2
+    server = _serve(dataset, tmp_path, "--host", "0.0.0.0", "--port", str(free_port()))
+    with pytest.raises(RuntimeError, match="server exited with 2"):
+        server.start()
+    stderr = server.log.read_text()
     assert "refusing to listen on 0.0.0.0 without a token" in stderr and "Traceback" not in stderr
 
 
 def test_serve_runs_the_real_command(dataset, tmp_path):
     port = free_port()
     token = "serve-token-123"
-    process = _serve(
-        dataset,
-        tmp_path,
-        "--host",
-        "0.0.0.0",
-        "--port",
-        str(port),
-        "--audit-log",
-        str(tmp_path / "audit.jsonl"),
-        token=token,
-    )
-    try:
-        url = f"http://127.0.0.1:{port}"
-        _wait_healthy(url, process)
+    audit = tmp_path / "audit.jsonl"
+    args = ("--host", "0.0.0.0", "--port", str(port), "--audit-log", str(audit))
+    with _serve(dataset, tmp_path, *args, token=token) as server:
         response = post(
-            url,
+            server.url,
             "get_organ_volume",
             episode="cli",
             headers={"Authorization": f"Bearer {token}"},
@@ -489,20 +463,15 @@ def test_serve_runs_the_real_command(dataset, tmp_path):
         )
         assert response.status_code == 200 and response.json()["ok"]
         assert (
-            post(url, "get_organ_volume", episode="cli", organ="spleen", visit="follow_up").status_code == 401
+            post(server.url, "get_organ_volume", episode="cli", organ="spleen", visit="follow_up").status_code
+            == 401
         )
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
-    assert len((tmp_path / "audit.jsonl").read_text().splitlines()) == 2
+    assert len(audit.read_text().splitlines()) == 2
 
 
 def test_workers_share_episodes_and_metrics(dataset, tmp_path):
-    port = free_port()
-    process = _serve(dataset, tmp_path, "--port", str(port), "--workers", "2")
-    try:
-        url = f"http://127.0.0.1:{port}"
-        _wait_healthy(url, process)
+    with _serve(dataset, tmp_path, "--port", str(free_port()), "--workers", "2") as server:
+        url = server.url
         assert post(url, "list_visits", episode="shared").status_code == 200
         # Fresh connections spread over both workers; every one must know the binding.
         refused = [
@@ -512,9 +481,6 @@ def test_workers_share_episodes_and_metrics(dataset, tmp_path):
         metrics = httpx.get(f"{url}/metrics", timeout=10).text
         assert 'case_env_tool_calls_total{status="scope_violation",tool="list_visits"} 12.0' in metrics
         assert httpx.get(f"{url}/v1/episodes/shared", timeout=10).json()["calls_total"] == 1
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
 
 
 def test_score_route_is_the_reward_function(server):

@@ -167,18 +167,18 @@ def _install_error_handlers(app: FastAPI) -> None:
             where = ".".join(str(p) for p in error.get("loc", ()) if p != "body") or "body"
             problems.append(f"{where}: {error.get('msg', 'invalid')}")
         message = short("invalid request: " + "; ".join(problems))
-        if request.url.path.startswith("/v1/tools/") and request.method == "POST":
-            request.app.state.server.audit.write(
-                episode_id=None, patient_id=None, tool=request.url.path.rsplit("/", 1)[-1], arguments=None,
-                status=ErrorCode.INVALID_REQUEST.value, http_status=422, latency_ms=0.0,
-            )  # fmt: skip
+        request.app.state.server.audit.refusal(
+            request.method, request.url.path, ErrorCode.INVALID_REQUEST.value, 422
+        )
         return error_response(ErrorCode.INVALID_REQUEST, message, status=422)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
-        if (
-            exc.status_code == 400
-        ):  # FastAPI's answer to a body it cannot decode (not UTF-8): one shape for all
+        if exc.status_code == 400:
+            # FastAPI's answer to a body it cannot decode (not UTF-8): the same 422 as any bad body, audited alike
+            request.app.state.server.audit.refusal(
+                request.method, request.url.path, ErrorCode.INVALID_REQUEST.value, 422
+            )
             return error_response(ErrorCode.INVALID_REQUEST, "invalid request: the body is not valid JSON",
                                   status=422)  # fmt: skip
         code = ErrorCode.INVALID_REQUEST if exc.status_code < 500 else ErrorCode.INTERNAL

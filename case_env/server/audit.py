@@ -38,6 +38,13 @@ class AuditLog:
         line = json.dumps(record, default=str, ensure_ascii=False) + "\n"
         os.write(self._fd, line.encode("utf-8", "backslashreplace"))  # a bad character never costs a line
 
+    def refusal(self, method: str, path: str, code: str, http_status: int) -> None:
+        """A tool call refused before its route ran (token, body size, undecodable or invalid body): its episode
+        and patient are not known yet, but it is still a call and gets its line."""
+        if method == "POST" and path.startswith("/v1/tools/"):
+            self.write(episode_id=None, patient_id=None, tool=path.rsplit("/", 1)[-1][:64], arguments=None,
+                       status=code, http_status=http_status, latency_ms=0.0)  # fmt: skip
+
     def close(self) -> None:
         if self._fd is not None:
             os.close(self._fd)

@@ -34,8 +34,5 @@ async def require_token(
     if token is None:
         return
     if not token_matches(credentials, token.get_secret_value()):
-        if request.url.path.startswith("/v1/tools/") and request.method == "POST":
-            tool = request.url.path.rsplit("/", 1)[-1]
-            state.audit.write(episode_id=None, patient_id=None, tool=tool, arguments=None,
-                              status=ErrorCode.UNAUTHORIZED.value, http_status=401, latency_ms=0.0)  # fmt: skip
+        state.audit.refusal(request.method, request.url.path, ErrorCode.UNAUTHORIZED.value, 401)
         raise AuthError

@@ -60,12 +60,9 @@ class BodyLimit:
 
 
 async def _refuse(scope: Scope, send: Send) -> None:
-    path = scope["path"]
-    if scope["method"] == "POST" and path.startswith("/v1/tools/"):
-        scope["app"].state.server.audit.write(
-            episode_id=None, patient_id=None, tool=path.rsplit("/", 1)[-1][:64], arguments=None,
-            status=ErrorCode.INVALID_REQUEST.value, http_status=413, latency_ms=0.0,
-        )  # fmt: skip
+    scope["app"].state.server.audit.refusal(
+        scope["method"], scope["path"], ErrorCode.INVALID_REQUEST.value, 413
+    )
     await send({"type": "http.response.start", "status": 413,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(_BODY)).encode())]})  # fmt: skip
     await send({"type": "http.response.body", "body": _BODY})
