@@ -13,6 +13,8 @@ DEMO_BANK     ?= data/bank
 DEMO_PATIENTS ?= 10
 DEMO_PROFILE  ?= ci
 DEMO_SEED     ?= 0
+DEMO_CASES    ?= 300
+DEMO_CLINIC   ?= data/clinic
 
 .PHONY: demo test reliability lint format bench-data clean browser
 
@@ -30,6 +32,13 @@ demo: $(STAMP)
 	$(BIN)/case-env data check $(DEMO_ROOT)
 	$(BIN)/case-env bank build --data-root $(DEMO_ROOT) --out $(DEMO_BANK) --seed $(DEMO_SEED)
 	$(BIN)/case-env rollouts --bank $(DEMO_BANK) --split train --data-root $(DEMO_ROOT) --per-source 8
+	# the clinic environment (issue 8): cases next to the imaging patients, a bank at MedExAgent's training
+	# noise rates, scripted-clinician rollouts through verl, then the acceptance comparison with its report
+	$(BIN)/case-env synth --env clinic --out $(DEMO_ROOT) --patients $(DEMO_CASES) --seed $(DEMO_SEED)
+	$(BIN)/case-env bank build --env clinic --data-root $(DEMO_ROOT) --out $(DEMO_CLINIC)/bank --seed $(DEMO_SEED) \
+		--patient-noise 0.3 --exam-noise 0.1
+	$(BIN)/case-env rollouts --bank $(DEMO_CLINIC)/bank --split train --data-root $(DEMO_ROOT) --per-source 16
+	$(BIN)/python scripts/clinic_acceptance.py --cases $(DEMO_CASES) --seed $(DEMO_SEED) --out $(DEMO_CLINIC)/acceptance
 
 test: $(STAMP) lint browser
 	$(BIN)/python -m pytest

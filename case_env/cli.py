@@ -62,8 +62,19 @@ def synth(
         False, "--force", help="Replace an existing synthetic dataset with other settings."
     ),
     jobs: int = typer.Option(0, "--jobs", help="Worker processes (0: one per CPU)."),
+    env: str = typer.Option(
+        "imaging", "--env", help="imaging (MRI patients) or clinic (cases under <out>/clinic/)."
+    ),
+    case_format: str = typer.Option(
+        "csv", "--format", help="clinic: csv (MedExAgent table) or jsonl (eval)."
+    ),
 ) -> None:
-    """Generate deterministic synthetic longitudinal Dixon MRI patients."""
+    """Generate deterministic synthetic longitudinal Dixon MRI patients, or synthetic clinic cases."""
+    if env == "clinic":
+        _synth_clinic(out, patients, seed, case_format)
+        return
+    if env != "imaging":
+        _fail(f"unknown environment {env!r}; choose imaging or clinic", 2)
     from case_env.synth.geometry import PROFILES
     from case_env.synth.writer import DatasetExistsError, generate_dataset
 
@@ -87,6 +98,18 @@ def synth(
         )
         return
     typer.echo(f"wrote {len(summaries)} patients to {out} in {time.perf_counter() - start:.1f} s")
+
+
+def _synth_clinic(out: Path, cases: int, seed: int, case_format: str) -> None:
+    from case_env.clinic.synth import make_cases, write_csv, write_jsonl
+
+    if case_format not in ("csv", "jsonl"):
+        _fail(f"unknown format {case_format!r}; choose csv or jsonl", 2)
+    path = out / "clinic" / f"clinic_synthetic.{case_format}"
+    made = make_cases(cases, seed)
+    (write_csv if case_format == "csv" else write_jsonl)(made, path)
+    conditions = len({c.diagnosis for c in made})
+    typer.echo(f"wrote {len(made)} clinic cases ({conditions} conditions, seed {seed}) to {path}")
 
 
 def _is_loopback(host: str) -> bool:
@@ -117,6 +140,12 @@ def serve(
         False, "--ray", help="Deploy as Ray Serve replicas (the cluster in RAY_ADDRESS, else a local Ray)."
     ),
     replicas: int = typer.Option(2, "--replicas", min=1, help="Ray Serve replicas (with --ray)."),
+    clinic_cases: list[Path] | None = typer.Option(
+        None,
+        "--clinic-cases",
+        help="Clinic case files or directories (CASE_ENV_CLINIC_CASES; default: "
+        "<data root>/clinic/ when present).",
+    ),
 ) -> None:
     """Run the tool server. With CASE_ENV_TOKEN set, /v1 routes and /metrics require `Authorization: Bearer`."""
     import tempfile
@@ -138,6 +167,8 @@ def serve(
         if value is not None:
             # workers and replicas are separate processes, maybe in another directory: pass settings down
             os.environ[f"CASE_ENV_{key}"] = str(value.resolve() if isinstance(value, Path) else value)
+    if clinic_cases:
+        os.environ["CASE_ENV_CLINIC_CASES"] = os.pathsep.join(str(p.resolve()) for p in clinic_cases)
     settings = ServerSettings()
     data = DataSettings()
     if not _is_loopback(settings.host) and settings.token is None:
@@ -194,12 +225,32 @@ def data_check(
     from case_env.data.check import check_root
 
     report = check_root(root)
+    clinic = _clinic_summary(root)
     if as_json:
-        typer.echo(json.dumps(report.to_json(), indent=2))
+        typer.echo(json.dumps({**report.to_json(), **({"clinic": clinic} if clinic else {})}, indent=2))
     else:
         _print_check(report)
+        if clinic:
+            sources = ", ".join(f"{k} {v}" for k, v in clinic["by_data_source"].items())
+            typer.echo(f"clinic cases: {clinic['cases']} ({sources}), {clinic['conditions']} diagnoses")
+            for problem in clinic["problems"]:
+                typer.echo(f"warning: clinic: {problem}", err=True)
     if report.errors:
         raise typer.Exit(1)
+
+
+def _clinic_summary(root: Path) -> dict | None:
+    """The clinic cases under <root>/clinic/, which the server serves next to the imaging patients."""
+    from collections import Counter
+
+    from case_env.clinic.cases import load_cases
+
+    if not (root / "clinic").is_dir():
+        return None
+    loaded = load_cases([root / "clinic"])
+    return {"cases": len(loaded.cases), "conditions": len({c.diagnosis for c in loaded.cases}),
+            "by_data_source": dict(sorted(Counter(c.data_source for c in loaded.cases).items())),
+            "problems": loaded.problems}  # fmt: skip
 
 
 def _print_check(report) -> None:
@@ -257,12 +308,11 @@ def rollouts(
         summary = run_rollouts(parquet, server_url, per_source, concurrency)
     finally:
         stop(server)
-    typer.echo(
-        f"{'data source':18s} {'n':>4s} {'mean reward':>12s} {'format ok':>10s} {'tool calls':>11s} {'infra errors':>13s}"
-    )
+    typer.echo(f"{'data source':18s} {'n':>4s} {'mean reward':>12s} {'accuracy':>9s} {'format ok':>10s} "
+               f"{'tool calls':>11s} {'infra errors':>13s}")  # fmt: skip
     for source, s in summary.items():
         if s.n:
-            typer.echo(f"{source:18s} {s.n:4d} {s.reward / s.n:12.2f} {s.format_ok / s.n:10.2f} "
+            typer.echo(f"{source:18s} {s.n:4d} {s.reward / s.n:12.2f} {s.correct / s.n:9.2f} {s.format_ok / s.n:10.2f} "
                        f"{s.tool_calls / s.n:11.1f} {s.infra_errors:13d}")  # fmt: skip
 
 
@@ -304,18 +354,32 @@ def eval_(
     """Evaluate a policy over a bank against a live server; prints accuracy per data source."""
     import httpx
 
+    from case_env.clinic.evaluate import AGENTS as CLINIC_AGENTS
+    from case_env.clinic.evaluate import is_clinic_bank
     from case_env.eval.openai_agent import ModelSettings
     from case_env.eval.runner import AGENTS, run_eval
     from case_env.eval.trajectory import TrajectoryFormatError
 
-    if agent not in AGENTS:
-        _fail(f"unknown agent {agent!r}; choose one of {', '.join(AGENTS)}", 2)
+    if agent not in (*AGENTS, *CLINIC_AGENTS):
+        _fail(f"unknown agent {agent!r}; choose one of {', '.join(AGENTS)} (imaging banks) or "
+              f"{', '.join(CLINIC_AGENTS)} (clinic banks)", 2)  # fmt: skip
     model = None
     if agent == "openai":
         if not model_url or not model_name:
             _fail("the openai agent needs --model-url and --model", 2)
         model = ModelSettings(base_url=model_url, model=model_name, api_key=api_key, max_turns=max_turns,
                               timeout_s=call_timeout, temperature=temperature)  # fmt: skip
+    try:
+        clinic = is_clinic_bank(bank)
+    except FileNotFoundError as exc:
+        _fail(str(exc), 2)
+        return
+    if agent not in (CLINIC_AGENTS if clinic else AGENTS):
+        kind, valid = ("a clinic", CLINIC_AGENTS) if clinic else ("an imaging", AGENTS)
+        _fail(f"agent {agent!r} does not play {kind} bank; choose one of {', '.join(valid)}", 2)
+    if clinic:
+        _eval_clinic(bank, server_url, agent, out, concurrency, limit, resume, token, model, max_turns)
+        return
     try:
         results = run_eval(bank, server_url, agent, out, concurrency, limit, resume, token, model=model,
                            repeats=repeats, seed=seed)  # fmt: skip
@@ -332,6 +396,31 @@ def eval_(
     overall = results["overall"]
     typer.echo(f"{'overall':18s} {overall['n']:4d} {overall['accuracy']:9.3f}"
                + (f"   ({overall['questions']} questions x {overall['repeats']} rollouts)" if overall["repeats"] > 1 else ""))  # fmt: skip
+    typer.echo(f"wrote {out / 'results.json'}, {out / 'report.html'} and {out / 'trajectories.jsonl'}")
+
+
+def _eval_clinic(bank: Path, server_url: str, agent: str, out: Path, concurrency: int, limit: int | None,
+                 resume: bool, token: str | None, model, max_turns: int) -> None:  # fmt: skip
+    import httpx
+
+    from case_env.clinic.evaluate import run_clinic_eval
+
+    try:
+        results = run_clinic_eval(bank, server_url, agent, out, concurrency, limit, resume, token, model,
+                                  max_turns=max(max_turns, 20))  # fmt: skip
+    except (FileNotFoundError, FileExistsError, LookupError) as exc:
+        _fail(str(exc), 2)
+        return
+    except httpx.HTTPError as exc:
+        _fail(f"server {server_url} failed: {exc}", 1)
+        return
+    typer.echo(
+        f"{'group':22s} {'n':>4s} {'strict':>7s} {'lenient':>8s} {'cost':>6s} {'exams':>6s} {'turns':>6s}"
+    )
+    groups = {**results["by_data_source"], "overall": results["overall"], **results["by_noise"]}
+    for name, g in groups.items():
+        typer.echo(f"{name:22s} {g['n']:4d} {g['accuracy_strict']:7.3f} {g['accuracy_lenient']:8.3f} "
+                   f"{g['cost']:6.2f} {g['exams']:6.2f} {g['turns']:6.2f}")  # fmt: skip
     typer.echo(f"wrote {out / 'results.json'}, {out / 'report.html'} and {out / 'trajectories.jsonl'}")
 
 
@@ -355,14 +444,25 @@ def traj_to_sft(
 
 @bank_app.command("build")
 def bank_build(
-    data_root: Path = typer.Option(..., "--data-root", help="Synthetic data root (needs phantom manifests)."),
+    data_root: Path | None = typer.Option(
+        None,
+        "--data-root",
+        help="Synthetic data root (imaging: needs phantom manifests; clinic: its clinic/).",
+    ),
     out: Path = typer.Option(
         ..., "--out", help="Output directory for train/val/test parquet and patient lists."
     ),
     seed: int = typer.Option(0, "--seed", help="Seed of question choice, distractors, letters and splits."),
     split: str = typer.Option("0.8,0.1,0.1", "--split", help="train,val,test fractions of the patients."),
+    env: str = typer.Option("imaging", "--env", help="imaging (multiple choice) or clinic (diagnosis)."),
+    cases: list[Path] | None = typer.Option(
+        None, "--cases", help="clinic: case CSV/JSONL files or directories (default: <data-root>/clinic)."
+    ),
+    patient_noise: float = typer.Option(0.0, "--patient-noise", min=0, max=1, help="clinic: noisy patients."),
+    exam_noise: float = typer.Option(0.0, "--exam-noise", min=0, max=1, help="clinic: noisy exam results."),
+    noise_seed: int = typer.Option(42, "--noise-seed", help="clinic: seed of the noise draws."),
 ) -> None:
-    """Build a multiple-choice question bank from synthetic ground truth."""
+    """Build a multiple-choice question bank from synthetic ground truth, or a clinic diagnosis bank."""
     from case_env.bank.build import build, write
     from case_env.data.store import PatientStore
 
@@ -372,6 +472,14 @@ def bank_build(
         fractions = ()
     if len(fractions) != 3 or any(f < 0 for f in fractions) or abs(sum(fractions) - 1) > 1e-6:
         _fail(f"--split must be three non-negative fractions summing to 1, not {split!r}", 2)
+    if env == "clinic":
+        _bank_clinic(data_root, cases or [], out, seed, fractions, patient_noise, exam_noise, noise_seed)  # type: ignore[arg-type]
+        return
+    if env != "imaging":
+        _fail(f"unknown environment {env!r}; choose imaging or clinic", 2)
+    if data_root is None:
+        _fail("--data-root is required for an imaging bank", 2)
+        return
     store = PatientStore(data_root)
     if store.index.errors or not store.patient_ids():
         for problem in store.index.errors[:10] or ["no patients"]:
@@ -391,6 +499,40 @@ def bank_build(
 
 
 _SOURCES = ("vista3d_opsd", "medpanel_v2_opsd", "medboard_opsd")
+
+
+def _bank_clinic(data_root: Path | None, cases: list[Path], out: Path, seed: int,
+                 fractions: tuple[float, float, float], patient_noise: float, exam_noise: float,
+                 noise_seed: int) -> None:  # fmt: skip
+    from case_env.bank.build import write
+    from case_env.clinic.bank import build
+    from case_env.clinic.cases import load_cases
+    from case_env.clinic.noise import NoiseConfig
+
+    paths = cases or ([data_root / "clinic"] if data_root is not None else [])
+    if not paths:
+        _fail("a clinic bank needs --cases, or --data-root holding clinic/", 2)
+    try:
+        loaded = load_cases(paths)
+    except (FileNotFoundError, NotADirectoryError, UnicodeDecodeError) as exc:
+        _fail(str(exc), 2)
+        return
+    for problem in loaded.problems[:20]:
+        typer.echo(f"problem: {problem}", err=True)
+    if not loaded.cases:
+        _fail(f"no usable clinic cases in {', '.join(map(str, paths))}")
+    noise = NoiseConfig(seed=noise_seed, patient_rate=patient_noise, exam_rate=exam_noise)
+    result = build(loaded.cases, seed, fractions, noise)
+    write(result, out, {"env": "clinic", "seed": seed, "split": fractions, "cases": [str(p) for p in paths],
+                        "noise": noise.model_dump(), "problems": loaded.problems})  # fmt: skip
+    sources = sorted({s for c in result.counts().values() for s in c})
+    typer.echo(f"{'split':6s} {'cases':>6s} " + " ".join(f"{s:>17s}" for s in sources) + f" {'noisy':>6s}")
+    for name, rows in result.rows.items():
+        counts = result.counts()[name]
+        noisy = sum(bool(json.loads(r["extra_info"])["noise"]["labels"]) for r in rows)
+        cells = " ".join(f"{counts.get(s, 0):17d}" for s in sources)
+        typer.echo(f"{name:6s} {len(result.patients[name]):6d} {cells} {noisy:6d}")
+    typer.echo(f"wrote {out}")
 
 
 @bank_app.command("validate")

@@ -34,16 +34,24 @@ def final_segment(solution_str: str) -> str:
     return _THINK.sub("", tail)
 
 
-def parse_answer(text: str) -> tuple[str | None, bool]:
-    """(letter, well_formed) of the last answer in `text`; letter None when there is no usable answer."""
+def last_answer(text: str, forms: list[re.Pattern] = _ANSWER_FORMS) -> str | None:
+    """The content of the last answer in `text`, or None when there is none or something follows it."""
     found = []
-    for form in _ANSWER_FORMS:
+    for form in forms:
         found += [(m.start(), m.end(), m.group(1)) for m in form.finditer(text)]
     if not found:
-        return None, False
+        return None
     _start, end, content = max(found)  # the last answer wins
     if not _TRAILING_OK.match(text[end:]):
-        return None, False  # something (a tool call, more reasoning) follows the answer
+        return None  # something (a tool call, more reasoning) follows the answer
+    return content
+
+
+def parse_answer(text: str) -> tuple[str | None, bool]:
+    """(letter, well_formed) of the last answer in `text`; letter None when there is no usable answer."""
+    content = last_answer(text)
+    if content is None:
+        return None, False
     lead = _LEADING_LETTER.match(content)
     if lead is None:
         return None, False
@@ -60,7 +68,13 @@ def compute_score(
     extra_info: dict | None = None,
     **kwargs: Any,
 ) -> dict[str, Any]:
-    """verl custom reward: {"score", "acc", "pred", "format_ok"} for every input."""
+    """verl custom reward: {"score", "acc", "pred", "format_ok"} for every input of the imaging banks; a
+    clinic row (data_source clinic_*) gets the clinic reward and its own fixed keys
+    (`case_env.clinic.reward`). One verl batch should hold rows of one environment."""
+    if str(data_source).startswith("clinic_"):
+        from case_env.clinic.reward import clinic_score
+
+        return clinic_score(solution_str, ground_truth, extra_info)
     pred, well_formed = parse_answer(final_segment(solution_str or ""))
     truth = str(ground_truth).strip().strip("()").upper()
     correct = pred is not None and pred == truth

@@ -24,6 +24,9 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from case_env.clinic.cases import ClinicCase
+from case_env.clinic.context import EpisodeContext
+from case_env.clinic.store import ClinicStore
 from case_env.data.index import VisitFiles
 from case_env.data.store import PatientStore
 from case_env.data.volumetry import OrganMeasure
@@ -36,9 +39,10 @@ class Persona(StrEnum):
     ANATOMIST = "anatomist"
     RADIOLOGIST = "radiologist"
     CONSULTANT = "consultant"
+    CLINICIAN = "clinician"  # the clinic environment: ask, examine, diagnose
 
 
-ALL_PERSONAS = tuple(Persona)
+IMAGING_PERSONAS = (Persona.ANATOMIST, Persona.RADIOLOGIST, Persona.CONSULTANT)
 
 
 class Visit(StrEnum):
@@ -109,11 +113,21 @@ COMMON_ORGANS = ("liver", "spleen", "pancreas", "left_kidney", "right_kidney", "
 
 @dataclass
 class ToolContext:
-    """What a handler may touch: this call's patient, through the store and the renderer."""
+    """What a handler may touch: this call's patient, through the store and the renderer, or this call's
+    clinic case, with the episode context the caller sent."""
 
     store: PatientStore
     imaging: Imaging
     patient_id: str
+    clinic: ClinicStore | None = None
+    episode: EpisodeContext = field(default_factory=EpisodeContext)
+
+    def case(self) -> ClinicCase:
+        case = self.clinic.cases.get(self.patient_id) if self.clinic is not None else None
+        if case is None:
+            raise ToolError(ErrorCode.NOT_AVAILABLE, "this tool belongs to the clinic environment; this "
+                            "patient is not a clinic case")  # fmt: skip
+        return case
 
     def visit(self, visit: str) -> VisitFiles:
         try:

@@ -24,6 +24,7 @@ class PersonaSpec:
     persona: Persona
     data_source: str
     system_prompt: str
+    data_sources: tuple[str, ...] = ()  # every data source of the persona (the clinic has one per origin)
 
     @property
     def tools(self) -> list[str]:
@@ -35,11 +36,13 @@ def personas() -> dict[Persona, PersonaSpec]:
     out = {}
     for persona in Persona:
         module = importlib.import_module(f"case_env.personas.{persona.value}")
+        rule = getattr(module, "ANSWER_RULE", ANSWER_RULE)
+        sources = getattr(module, "DATA_SOURCES", (module.DATA_SOURCE,))
         out[persona] = PersonaSpec(
-            persona, module.DATA_SOURCE, module.SYSTEM_PROMPT.strip() + "\n\n" + ANSWER_RULE
+            persona, module.DATA_SOURCE, module.SYSTEM_PROMPT.strip() + "\n\n" + rule, sources
         )
     return out
 
 
 def by_data_source(data_source: str) -> PersonaSpec | None:
-    return next((p for p in personas().values() if p.data_source == data_source), None)
+    return next((p for p in personas().values() if data_source in p.data_sources), None)

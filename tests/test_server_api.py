@@ -251,7 +251,10 @@ def test_tool_listing(server):
         "render_comparison",
         "read_report",
         "get_clinical_context",
+        "ask_patient",
+        "order_exam",
     }
+    assert tools["ask_patient"]["personas"] == tools["order_exam"]["personas"] == ["clinician"]
     assert tools["list_visits"]["personas"] == ["anatomist", "radiologist", "consultant"]
     assert tools["compare_organ_volume"]["personas"] == ["anatomist"]
     assert tools["render_comparison"]["personas"] == ["radiologist"]

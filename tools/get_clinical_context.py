@@ -6,7 +6,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from case_env.tooling import ALL_PERSONAS, ToolContext, ToolResult
+from case_env.tooling import IMAGING_PERSONAS, ToolContext, ToolResult
 
 NAME = "get_clinical_context"
 DESCRIPTION = (
@@ -14,7 +14,7 @@ DESCRIPTION = (
     "section=study: why the scans were made and how; section=history: recorded history and lifestyle "
     "fields, if any."
 )
-PERSONAS = ALL_PERSONAS
+PERSONAS = IMAGING_PERSONAS
 
 # Participant fields a model may see under `history`; everything else (e.g. a synthetic root's scenario)
 # stays on the server.

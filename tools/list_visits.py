@@ -6,7 +6,7 @@ from case_env.tools._text import visit_label
 from pydantic import BaseModel, ConfigDict
 
 from case_env.protocol import STATION_NAMES
-from case_env.tooling import ALL_PERSONAS, ToolContext, ToolResult
+from case_env.tooling import IMAGING_PERSONAS, ToolContext, ToolResult
 
 NAME = "list_visits"
 DESCRIPTION = (
@@ -14,7 +14,7 @@ DESCRIPTION = (
     "and MRI sequences acquired (Dixon water, fat, in-phase, opposed-phase), and whether organ segmentation "
     "and a radiology report exist. Call this first to learn which visits you can compare."
 )
-PERSONAS = ALL_PERSONAS
+PERSONAS = IMAGING_PERSONAS
 
 
 class Args(BaseModel):

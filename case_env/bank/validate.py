@@ -15,6 +15,9 @@ import pyarrow.parquet as pq
 
 from case_env.bank.schema import EXTRA_INFO_KEYS, REQUIRED_COLUMNS
 
+# A clinic row has no options; it names its recorded work-up and noise plan instead.
+CLINIC_EXTRA_INFO_KEYS = (*(k for k in EXTRA_INFO_KEYS if k != "options"), "clinic", "noise")
+
 LETTER_RE = "ABCDEFGHIJ"
 
 
@@ -70,7 +73,10 @@ def _check_row(row: dict, tool_names: set[str]) -> list[str]:
     extra, error = _extra(row.get("extra_info"))
     if error:
         return [*problems, error]
-    missing = [k for k in EXTRA_INFO_KEYS if k not in extra]
+    required = (
+        CLINIC_EXTRA_INFO_KEYS if str(row.get("data_source", "")).startswith("clinic_") else EXTRA_INFO_KEYS
+    )
+    missing = [k for k in required if k not in extra]
     if missing:
         problems.append(f"extra_info lacks {', '.join(missing)}")
     letters = _option_letters(extra.get("options"))

@@ -119,7 +119,7 @@ def _from_outputs(
 def _persona(data_source: str) -> str:
     from case_env.personas import personas
 
-    return next((name for name, p in personas().items() if p.data_source == data_source), "")
+    return next((name for name, p in personas().items() if data_source in p.data_sources), "")
 
 
 class TrajectoryFormatError(ValueError):

@@ -6,6 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from case_env.clinic.context import EpisodeContext
 from case_env.tooling import ErrorCode, Persona
 
 EPISODE_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
@@ -36,13 +37,18 @@ class ToolCallRequest(BaseModel):
     arguments: dict[str, Any] = Field(
         default_factory=dict, description="The tool's arguments, as the model gave them."
     )
+    context: EpisodeContext | None = Field(
+        None,
+        description="Clinic tools only: the episode's earlier patient exchanges and the row's noise "
+        "configuration, sent by the adapter (never by the model); the server keeps no conversation state.",
+    )
 
-    @field_validator("arguments")
+    @field_validator("arguments", "context")
     @classmethod
-    def _unicode_text(cls, value: dict[str, Any]) -> dict[str, Any]:
+    def _unicode_text(cls, value: Any) -> Any:
         """JSON may spell a lone surrogate (\\ud800) that no UTF-8 text can hold; refuse it here, before it
         reaches a tool, the audit log or the response encoder."""
-        _check_text(value)
+        _check_text(value.model_dump() if isinstance(value, BaseModel) else value)
         return value
 
 

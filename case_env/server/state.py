@@ -7,6 +7,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from case_env.clinic.store import ClinicStore
 from case_env.data.store import PatientStore
 from case_env.imaging.service import Imaging
 from case_env.server.admission import Admission
@@ -37,6 +38,7 @@ class ServerState:
     admission: Admission = field(default_factory=lambda: Admission(1, 0, 0.0))
     tasks: list[asyncio.Task] = field(default_factory=list)
     preload_pool: ThreadPoolExecutor | None = None  # set: warm each new patient's volumes in the background
+    clinic: ClinicStore = field(default_factory=lambda: ClinicStore([]))
     _warmed: set[str] = field(default_factory=set)
     _readiness: tuple[float, tuple[bool, str | None]] = (0.0, (False, None))  # (valid until, answer)
 
@@ -45,16 +47,28 @@ class ServerState:
         return schema_version(self.tools)
 
     def patient_ids(self) -> list[str]:
-        return sorted(self.replay.patients) if self.replay else self.store.patient_ids()
+        """Imaging patients and clinic cases (a replay serves only its recorded patients)."""
+        if self.replay:
+            return sorted(self.replay.patients)
+        return self.store.patient_ids() + sorted(self.clinic.cases)
 
     def has_patient(self, patient_id: str) -> bool:
-        return patient_id in self.replay.patients if self.replay else patient_id in self.store.index.patients
+        if self.replay:
+            return patient_id in self.replay.patients
+        return patient_id in self.store.index.patients or patient_id in self.clinic.cases
+
+    def fingerprint(self, patient_id: str) -> tuple:
+        """What the response cache keys a patient's answers under: its files' stats, or (clinic cases are
+        read once per worker) nothing."""
+        return () if patient_id in self.clinic.cases else self.store.fingerprint(patient_id)
 
     def warm(self, patient_id: str) -> None:
         """Decode a patient's volumes in the background the first time this worker sees the patient: an
         episode starts with cheap calls (visits, context), so its first render finds the volumes ready.
         One background thread, so warming never takes more than one core from serving calls."""
         if self.preload_pool is None or self.replay is not None or patient_id in self._warmed:
+            return
+        if patient_id in self.clinic.cases:  # a clinic case has no volumes
             return
         self._warmed.add(patient_id)
         self.preload_pool.submit(self.store.preload, patient_id, 1)
@@ -71,6 +85,6 @@ class ServerState:
             return (True, None) if self.replay.entries else (False, "the replay set holds no recorded calls")
         if not self.store.root.is_dir():
             return False, "the data root is not readable"
-        if not self.store.patient_ids():
+        if not self.store.patient_ids() and not self.clinic.cases:
             return False, "the data root holds no patients"
         return True, None

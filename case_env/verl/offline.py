@@ -22,8 +22,11 @@ from verl.workers.rollout.replica import TokenOutput
 
 from case_env.verl.dataset import CaseRLHFDataset
 
-SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>", "<|vision_start|>",
-                  "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]  # fmt: skip
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
+                  "<|image_pad|>", "<|video_pad|>"]  # fmt: skip
+# Added tokens that decoding keeps even with skip_special_tokens=True, as in Qwen2.5/Qwen3's tokenizer_config
+# ("special": false for ids 151657-151668), so verl's reward manager sees the tool calls a model wrote.
+TEXT_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"]
 
 # A hermes-style template: tools listed in the system turn, tool calls as <tool_call>{json}</tool_call>,
 # tool results as <tool_response> blocks in a user turn, images as vision placeholders.
@@ -71,6 +74,7 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     core.decoder = decoders.ByteLevel()
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|im_end|>", pad_token="<|endoftext|>",
                                         additional_special_tokens=SPECIAL_TOKENS)  # fmt: skip
+    tokenizer.add_tokens(TEXT_TOKENS, special_tokens=False)
     tokenizer.chat_template = TEMPLATE
     return tokenizer
 

@@ -2,7 +2,8 @@
 
 This is the main job of `make demo` on a machine without GPUs: the same tool YAML, dataset class, adapter
 and reward function a GRPO run uses, with the model replaced by the model-free agents of
-`case_env.agents`, so every part between the dataset row and the reward is exercised for real.
+`case_env.agents` (the scripted clinician of `case_env.clinic.agents` on a clinic bank), so every part
+between the dataset row and the reward is exercised for real.
 """
 
 from __future__ import annotations
@@ -31,13 +32,14 @@ from case_env.verl.offline import (
     score_with_verl,
 )
 
-SOURCES = ("vista3d_opsd", "medpanel_v2_opsd", "medboard_opsd")
-
 
 @dataclass
 class SourceSummary:
     n: int = 0
     reward: float = 0.0
+    correct: float = (
+        0.0  # the reward's `acc`: equal to the reward on imaging banks, strict accuracy in clinic
+    )
     format_ok: int = 0
     tool_calls: int = 0
     infra_errors: int = 0
@@ -64,7 +66,16 @@ def load_rows(parquet: Path, per_source: int) -> list[dict]:
         item = data[i]
         if len(chosen[item["data_source"]]) < per_source:
             chosen[item["data_source"]].append(item)
-    return [item for source in SOURCES for item in chosen.get(source, [])]
+    return [item for source in sorted(chosen) for item in chosen[source]]
+
+
+def policy_for(item: dict):
+    """The model-free policy that plays a row: the scripted clinician on clinic rows."""
+    if item["data_source"].startswith("clinic_"):
+        from case_env.clinic.agents import Clinician, ClinicLoopPolicy
+
+        return ClinicLoopPolicy(Clinician("\n".join(m["content"] for m in item["raw_prompt"])))
+    return LoopPolicy(scripted_agent(item["extra_info"]))
 
 
 async def _rollouts(items: list[dict], tools: list, concurrency: int) -> tuple[list, list[dict]]:
@@ -73,7 +84,7 @@ async def _rollouts(items: list[dict], tools: list, concurrency: int) -> tuple[l
     async def one(item: dict):
         async with gate:
             tokenizer = build_tokenizer()
-            model = ScriptedModel(tokenizer, LoopPolicy(scripted_agent(item["extra_info"])))
+            model = ScriptedModel(tokenizer, policy_for(item))
             loop = make_loop(
                 tools, model, processor=build_processor(tokenizer), config=loop_config(max_turns=40)
             )
@@ -92,13 +103,14 @@ def run_rollouts(
         tools = load_all_tools(tool_config_path=str(DEFAULT_PATH.resolve()), function_tool_path=None)
     items = load_rows(parquet, per_source)
     outputs, scores = asyncio.run(_rollouts(items, tools, concurrency))
-    summary: dict[str, SourceSummary] = {source: SourceSummary() for source in SOURCES}
+    summary: dict[str, SourceSummary] = defaultdict(SourceSummary)
     for out, item, score in zip(outputs, items, scores, strict=True):
         s = summary[item["data_source"]]
         calls = out.extra_fields.get("case_env_tool_calls", [])
         s.n += 1
         s.reward += score["reward_score"]
+        s.correct += float(score["reward_extra_info"]["acc"])
         s.format_ok += bool(score["reward_extra_info"]["format_ok"])
         s.tool_calls += len(calls)
         s.infra_errors += sum(bool(c["infra_error"]) for c in calls)
-    return summary
+    return dict(summary)

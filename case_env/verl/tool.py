@@ -12,6 +12,9 @@ What verl 0.9.1 does and does not do shapes this class (shared/reference/verl-0.
   model faults come back from the server as text and are never retried.
 - verl drops the metrics returned by `execute`; they are also appended to
   `agent_data.extra_fields["case_env_tool_calls"]`, where the reward function and logs can see them.
+- Clinic rows carry a noise configuration in `create_kwargs.noise`. Their calls send it with the
+  trajectory's earlier patient exchanges, kept in `agent_data.extra_fields["case_env_dialogue"]`, so the
+  server's patient simulator needs no state of its own (and a retried or restarted call answers the same).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 from case_env.verl.settings import AdapterConfig
 
 RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504})
+DIALOGUE = "case_env_dialogue"
 
 
 class _Connection:
@@ -55,6 +59,7 @@ class CaseTool(BaseTool):
         super().__init__(config, tool_schema)
         self.settings = AdapterConfig.model_validate(config)
         self._patients: dict[str, str | None] = {}
+        self._noise: dict[str, dict | None] = {}
         self._connections: dict[int, _Connection] = {}
 
     def _connection(self) -> _Connection:
@@ -68,10 +73,12 @@ class CaseTool(BaseTool):
         instance_id = instance_id or str(uuid4())
         create_kwargs = kwargs.get("create_kwargs") or {}
         self._patients[instance_id] = create_kwargs.get("patient_id")
+        self._noise[instance_id] = create_kwargs.get("noise")
         return instance_id, ToolResponse()
 
     async def release(self, instance_id: str, **kwargs: Any) -> None:
         self._patients.pop(instance_id, None)
+        self._noise.pop(instance_id, None)
 
     async def execute(
         self, instance_id: str, parameters: dict[str, Any], **kwargs: Any
@@ -85,7 +92,13 @@ class CaseTool(BaseTool):
                 "status": "no_patient", "infra_error": True, "attempts": 0}  # fmt: skip
         else:
             body = {"episode_id": episode_id, "patient_id": patient_id, "arguments": parameters}
+            noise = self._noise.get(instance_id)
+            dialogue = agent_data.extra_fields.setdefault(DIALOGUE, []) if agent_data is not None else []
+            if noise is not None:  # a clinic row
+                body["context"] = {"history": list(dialogue), "noise": noise}
             response, metrics = await self._call(body, started)
+            if self.name == "ask_patient" and metrics["status"] == "ok" and agent_data is not None:
+                dialogue.append({"question": parameters.get("question"), "answer": response.text})
         metrics["latency_ms"] = round((time.monotonic() - started) * 1000, 1)
         metrics["tool"] = self.name
         if agent_data is not None:

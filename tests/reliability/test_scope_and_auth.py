@@ -18,6 +18,9 @@ from collections import Counter
 import httpx
 
 from case_env.bench.process import ServerProcess
+from case_env.clinic.noise import NoisePlan
+from case_env.clinic.patient import RulePatient
+from case_env.clinic.synth import make_cases, write_csv
 from case_env.data.store import PatientStore
 from case_env.tooling import load_tools
 from tests.reliability.conftest import size
@@ -30,6 +33,7 @@ ARGUMENTS = {
     "get_organ_volume": {"organ": "liver", "visit": "baseline"}, "compare_organ_volume": {"organ": "spleen"},
     "render_slice": {"visit": "baseline", "sequence": "fat", "plane": "axial", "organ": "liver"},
     "render_comparison": {"sequence": "water", "plane": "coronal", "organ": "liver"},
+    "ask_patient": {"question": "What brings you in today?"}, "order_exam": {"exam": "cbc"},
 }  # fmt: skip
 
 
@@ -55,14 +59,21 @@ def test_scope_and_auth(dataset, tmp_path, figures):
     patients = store.patient_ids()
     dates = {p: store.patient(p).visits[0].acq_date.isoformat() for p in patients}
     audit = tmp_path / "audit.jsonl"
+    cases = make_cases(10, seed=4)  # the clinic environment on the same server: its cases are patients too
+    write_csv(cases, tmp_path / "clinic" / "clinic_synthetic.csv")
+    opening = ARGUMENTS["ask_patient"]["question"]
+    complaints = {c.case_id: RulePatient(c, NoisePlan()).answer(opening, []) for c in cases}
     env = {"CASE_ENV_DATA_ROOT": str(dataset), "CASE_ENV_TOKEN": TOKEN, "CASE_ENV_AUDIT_LOG": str(audit),
            "CASE_ENV_WORKERS": "2", "CASE_ENV_CACHE_DIR": str(tmp_path / "cache"),
-           "CASE_ENV_EPISODE_DB": str(tmp_path / "episodes.sqlite")}  # fmt: skip
+           "CASE_ENV_EPISODE_DB": str(tmp_path / "episodes.sqlite"),
+           "CASE_ENV_CLINIC_CASES": str(tmp_path / "clinic")}  # fmt: skip
     with ServerProcess(tmp_path / "server.log", env, log_level="info") as server:
         routes = _routes(server.url)
         client = Client(server.url)
         auth_refusals, auth_leaks = asyncio.run(_auth(client, routes))
         scope = asyncio.run(_scope(client, patients, dates, rounds=size(ci=3, full=20)))
+        clinic = asyncio.run(_scope(client, list(complaints), complaints, rounds=size(ci=1, full=5),
+                                    first="ask_patient"))  # fmt: skip
         race = asyncio.run(_race(client, patients, episodes=size(ci=10, full=100)))
         refusals = asyncio.run(_refusals(client))
     log = (tmp_path / "server.log").read_text(errors="replace")
@@ -74,20 +85,25 @@ def test_scope_and_auth(dataset, tmp_path, figures):
         "routes_requiring_token": len(routes),
         "unauthenticated_attempts_refused": auth_refusals,
         "unauthenticated_attempts_answered": auth_leaks,
-        "scope_attempts": scope["attempts"],
-        "scope_attempts_refused": scope["refused"],
-        "other_patient_data_returned": scope["leaks"],
+        "scope_attempts": scope["attempts"] + clinic["attempts"],
+        "scope_attempts_refused": scope["refused"] + clinic["refused"],
+        "other_patient_data_returned": scope["leaks"] + clinic["leaks"],
+        "clinic_scope_attempts": clinic["attempts"],
         "racing_episodes": race["episodes"],
         "racing_episodes_with_one_patient": race["single"],
         "tokens_in_logs": secrets_in_logs,
-        "patient_ids_in_server_log": sum(log.count(p) for p in patients),
+        "patient_ids_in_server_log": sum(log.count(p) for p in [*patients, *complaints]),
         "refused_kinds_audited": refusals,
         "tool_calls_made": sum(client.seen.values()),
         "audit_lines": len(lines),
         "audit_matches_calls": audited == client.seen,
     })  # fmt: skip
     assert auth_leaks == 0 and auth_refusals == len(routes) * (len(WRONG) + 2)
-    assert scope["refused"] == scope["attempts"] and scope["leaks"] == 0
+    assert (
+        figures["scope_attempts_refused"] == figures["scope_attempts"]
+        and figures["other_patient_data_returned"] == 0
+    )
+    assert clinic["attempts"] == len(cases) * len(ARGUMENTS) * size(ci=1, full=5)
     assert race["single"] == race["episodes"]
     assert secrets_in_logs == 0 and figures["patient_ids_in_server_log"] == 0
     assert "GET /v1/tools" in log  # the access log was on, so the checks above read a real log
@@ -131,13 +147,16 @@ async def _auth(client: Client, routes: list[tuple[str, str]]) -> tuple[int, int
     return refused, answered
 
 
-async def _scope(client: Client, patients: list[str], dates: dict[str, str], rounds: int) -> dict:
+async def _scope(client: Client, patients: list[str], marks: dict[str, str], rounds: int,
+                 first: str = "list_visits") -> dict:  # fmt: skip
+    """Each episode, bound to its owner by a `first` call, tries every tool on another patient; `marks` holds
+    text only that patient's answers contain (a visit date, a chief complaint)."""
     attempts = refused = leaks = 0
     async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=4)) as http:
         for r in range(rounds):
             for i, owner in enumerate(patients):
-                episode = f"scope-{r}-{i}"
-                assert (await client.call(http, "list_visits", episode, owner)).status_code == 200
+                episode = f"scope-{first}-{r}-{i}"
+                assert (await client.call(http, first, episode, owner)).status_code == 200
                 other = patients[(i + 1 + r % (len(patients) - 1)) % len(patients)]  # never the owner
                 assert other != owner
                 for tool in ARGUMENTS:
@@ -146,10 +165,10 @@ async def _scope(client: Client, patients: list[str], dates: dict[str, str], rou
                     refused += (
                         response.status_code == 403 and response.json()["error"]["code"] == "scope_violation"
                     )
-                    leaks += dates[other] in response.text or bool(response.json().get("images"))
+                    leaks += marks[other] in response.text or bool(response.json().get("images"))
                 # the owner still gets answers, and only its own
-                own = await client.call(http, "list_visits", episode, owner)
-                assert dates[owner] in own.json()["text"]
+                own = await client.call(http, first, episode, owner)
+                assert marks[owner] in own.json()["text"]
     return {"attempts": attempts, "refused": refused, "leaks": leaks}
 
 

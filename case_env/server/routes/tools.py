@@ -23,7 +23,7 @@ from fastapi import APIRouter, Depends, Path, Request
 from fastapi.responses import Response
 from pydantic import BaseModel
 
-from case_env.errors import DataError, MissingDataError
+from case_env.errors import DataError, MissingDataError, UnknownPatientError
 from case_env.server.auth import require_token
 from case_env.server.episodes import Call
 from case_env.server.errors import BAD_BODY, UNAUTHORIZED, status_of
@@ -36,7 +36,15 @@ from case_env.server.models import (
     ToolsResponse,
 )
 from case_env.server.state import ServerState
-from case_env.tooling import ErrorCode, ToolContext, ToolError, ToolResult, ToolSpec, canonical_arguments
+from case_env.tooling import (
+    ErrorCode,
+    Persona,
+    ToolContext,
+    ToolError,
+    ToolResult,
+    ToolSpec,
+    canonical_arguments,
+)
 
 log = logging.getLogger("case_env.server")
 router = APIRouter(
@@ -144,7 +152,8 @@ async def _admitted(state: ServerState, name: str, body: ToolCallRequest, starte
     state.warm(body.patient_id)
     spec = state.tools.get(name)
     if spec is None:
-        valid = ", ".join(state.tools)
+        clinic = body.patient_id in state.clinic.cases  # name the tools of this patient's environment
+        valid = ", ".join(n for n, t in state.tools.items() if (Persona.CLINICIAN in t.personas) == clinic)
         return Outcome.failure(
             ErrorCode.UNKNOWN_TOOL, f"unknown tool {name!r}; available tools: {valid}", bound=True
         )
@@ -156,10 +165,11 @@ async def _run(state: ServerState, spec: ToolSpec, body: ToolCallRequest, starte
         args = spec.parse(body.arguments)
     except ToolError as exc:
         return Outcome.failure(exc.code, exc.message, bound=True)
-    compute = functools.partial(_compute, state, spec, args, body.patient_id, started)
+    compute = functools.partial(_compute, state, spec, args, body, started)
     if state.replay is not None or state.responses.max_bytes <= 0:
         return await compute()  # replay answers from recordings; a zero budget turns the cache off
-    key = (spec.name, body.patient_id, canonical_arguments(args), state.store.fingerprint(body.patient_id))
+    context = body.context.model_dump_json() if body.context is not None else ""
+    key = (spec.name, body.patient_id, canonical_arguments(args), context, state.fingerprint(body.patient_id))
     cached = state.responses.peek(key)
     if cached is not None:
         return cached
@@ -181,13 +191,20 @@ async def _run(state: ServerState, spec: ToolSpec, body: ToolCallRequest, starte
 
 
 async def _compute(
-    state: ServerState, spec: ToolSpec, args: BaseModel, patient_id: str, started: float
+    state: ServerState, spec: ToolSpec, args: BaseModel, body: ToolCallRequest, started: float
 ) -> Outcome:
+    context = ToolContext(state.store, state.imaging, body.patient_id, state.clinic)
+    if body.context is not None:
+        context.episode = body.context
+
     def job() -> Outcome:
         try:
-            result = spec.run(ToolContext(state.store, state.imaging, patient_id), args)
+            result = spec.run(context, args)
         except ToolError as exc:
             return Outcome.failure(exc.code, exc.message, bound=True)
+        except UnknownPatientError:  # an imaging tool asked about a clinic case
+            message = f"{spec.name} is an imaging tool; this patient is a clinic case without images"
+            return Outcome.failure(ErrorCode.NOT_AVAILABLE, message, bound=True)
         except MissingDataError as exc:
             return Outcome.failure(ErrorCode.NOT_AVAILABLE, exc.reason, bound=True)
         except DataError as exc:

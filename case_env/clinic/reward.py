@@ -1,0 +1,174 @@
+"""The clinic reward: a pure function of (trajectory text, ground truth, extra_info), components apart.
+
+    score = w_dx · diagnosis − w_cost · cost + w_exam · exam appropriateness
+
+- **diagnosis**: Jaccard of predicted and ground-truth conditions (`case_env.clinic.diagnosis`), from the
+  last `<answer>…</answer>` (or MedExAgent's `[DIAGNOSIS: …]`) after the last tool response. More than five
+  conditions score nothing. `acc` is strict accuracy (every ground-truth condition named), `acc_lenient`
+  at least one.
+- **exam appropriateness**: how well the exams ordered cover the recorded work-up: an exact exam counts 1,
+  the right exam with other parameters 0.5 (credit only, never findings), over the union of both lists.
+- **cost**: every exam ordered is charged (cost + discomfort) / 6, from 1/3 to 1; an exam of the recorded
+  work-up is discounted (by 75 % by default) the first time only, so the right exam is cheaper but never
+  free, and repeats and wrong-parameter variants pay in full. MedExAgent charged only exams outside the
+  work-up and let a right name with wrong arguments through free (shared/reference/seed-systems.md §2.6).
+
+The exams come from the trajectory's own tool calls, read as verl's Hermes parser reads them (a
+`<tool_call>` JSON object outside tool responses), so a tool output cannot order or hide exams. The
+recorded work-up comes from the bank row (`extra_info.clinic.exams`). Weights default to MedExAgent's RL
+config (1.0, 0.5, 0.1) and can be fixed per bank in `extra_info.clinic.reward`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from functools import cache
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from case_env.clinic.cases import exam_of
+from case_env.clinic.catalogue import ExamCall, ExamError, parse_exam_string
+from case_env.clinic.diagnosis import MAX_CONDITIONS, Verdict, conditions, judge
+from case_env.llm import ChatClient, LLMSettings
+from case_env.reward import _ANSWER_FORMS, final_segment, last_answer
+
+_DIAGNOSIS_TAG = re.compile(r"\[DIAGNOSIS:\s*(.+?)\]", re.DOTALL)
+_TOOL_RESPONSE = re.compile(r"<tool_response>.*?(</tool_response>|$)", re.DOTALL)
+_TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+KEYS = ("score", "acc", "acc_lenient", "dx", "exam_score", "cost", "exams", "exams_necessary", "asks",
+        "pred", "format_ok", "judge")  # fmt: skip
+
+
+class RewardWeights(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    dx: float = Field(1.0, description="Weight of the diagnosis Jaccard.")
+    exam: float = Field(0.5, description="Weight of exam appropriateness.")
+    cost: float = Field(0.1, description="Weight of the cost penalty.")
+    necessary_discount: float = Field(
+        0.75, ge=0, le=1, description="Share of a recorded work-up exam's charge waived, first order only."
+    )
+
+
+class JudgeSettings(BaseSettings):
+    """The optional diagnosis judge (CASE_ENV_JUDGE_URL, CASE_ENV_JUDGE_MODEL, ...); off when no URL."""
+
+    model_config = SettingsConfigDict(env_prefix="CASE_ENV_JUDGE_", extra="ignore")
+
+    url: str | None = None
+    model: str = "gpt-4.1-mini"
+    timeout_s: float = 20.0
+    cache: str | None = None
+
+
+@cache
+def default_judge() -> ChatClient | None:
+    settings = JudgeSettings()
+    if not settings.url:
+        return None
+    from pathlib import Path
+
+    return ChatClient(LLMSettings(base_url=settings.url, model=settings.model, timeout_s=settings.timeout_s,
+                                  max_tokens=64, cache_path=Path(settings.cache) if settings.cache else None))  # fmt: skip
+
+
+def tool_calls(solution_str: str) -> list[tuple[str, dict]]:
+    """(name, arguments) of every tool call the model wrote, in order; tool responses are not read."""
+    own = _TOOL_RESPONSE.sub("", solution_str or "")
+    calls = []
+    for body in _TOOL_CALL.findall(own):
+        try:
+            call = json.loads(body)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(call, dict) and isinstance(call.get("name"), str):
+            arguments = call.get("arguments")
+            calls.append((call["name"], arguments if isinstance(arguments, dict) else {}))
+    return calls
+
+
+def ordered_exams(solution_str: str) -> list[ExamCall]:
+    """The exams performed: valid `order_exam` calls (an invalid one was refused, so it did not happen)."""
+    exams = []
+    for name, arguments in tool_calls(solution_str):
+        if name != "order_exam":
+            continue
+        try:
+            exams.append(exam_of({k: v for k, v in arguments.items() if isinstance(v, str)}))
+        except ExamError:
+            continue
+    return exams
+
+
+def appropriateness(ordered: list[ExamCall], necessary: list[ExamCall]) -> float:
+    if not ordered and not necessary:
+        return 1.0
+    pool = Counter(ordered)
+    credit = 0.0
+    for exam in necessary:
+        if pool[exam] > 0:
+            pool[exam] -= 1
+            credit += 1.0
+            continue
+        variant = next((e for e in pool if pool[e] > 0 and e.name == exam.name), None)
+        if variant is not None:
+            pool[variant] -= 1
+            credit += 0.5
+    union = len(set(ordered)) + len(necessary) - credit
+    return round(credit / union, 6) if union > 0 else 0.0
+
+
+def cost_penalty(ordered: list[ExamCall], necessary: list[ExamCall], discount: float) -> float:
+    remaining = Counter(necessary)
+    total = 0.0
+    for exam in ordered:
+        charge = exam.exam.charge / 6
+        if remaining[exam] > 0:
+            remaining[exam] -= 1
+            charge *= 1 - discount
+        total += charge
+    return round(total, 6)
+
+
+def predicted_conditions(solution_str: str) -> tuple[list[str] | None, bool]:
+    """The diagnosis named after the last tool response, and whether it was well formed."""
+    content = last_answer(final_segment(solution_str or ""), [*_ANSWER_FORMS[:1], _DIAGNOSIS_TAG])
+    if content is None:
+        return None, False
+    named = conditions(content)
+    return (named, True) if 0 < len(named) <= MAX_CONDITIONS else (None, False)
+
+
+def clinic_score(solution_str: str, ground_truth: str, extra_info: dict | None = None,
+                 client: ChatClient | None = None) -> dict[str, Any]:  # fmt: skip
+    extra = extra_info if isinstance(extra_info, dict) else {}
+    clinic = extra.get("clinic") or {}
+    if isinstance(clinic, str):
+        clinic = json.loads(clinic)
+    weights = RewardWeights.model_validate(clinic.get("reward") or {})
+    necessary = []
+    for key in clinic.get("exams") or []:
+        try:
+            necessary.append(parse_exam_string(key))
+        except ExamError:
+            continue
+    truth = conditions(str(ground_truth or ""))
+    predicted, well_formed = predicted_conditions(solution_str)
+    if predicted is None:
+        verdict = Verdict(len(truth), 0, 0, "none")
+    else:
+        verdict = judge(predicted, truth, client if client is not None else default_judge())
+    ordered = ordered_exams(solution_str)
+    exam_score = appropriateness(ordered, necessary)
+    cost = cost_penalty(ordered, necessary, weights.necessary_discount)
+    dx = round(verdict.jaccard, 6)
+    score = weights.dx * dx + weights.exam * exam_score - weights.cost * cost
+    asks = sum(1 for name, _ in tool_calls(solution_str) if name == "ask_patient")
+    return {"score": round(score, 6), "acc": float(verdict.strict), "acc_lenient": float(verdict.lenient),
+            "dx": dx, "exam_score": exam_score, "cost": cost, "exams": len(ordered),
+            "exams_necessary": len(necessary), "asks": asks, "pred": "; ".join(predicted or []),
+            "format_ok": well_formed, "judge": verdict.judge}  # fmt: skip

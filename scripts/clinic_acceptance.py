@@ -1,0 +1,77 @@
+#!/usr/bin/env python3
+"""The clinic environment's acceptance figures: the scripted clinician against the no-exam clinician, on
+the same synthetic cases without noise, at MedExAgent's training noise rates (patients 0.3, exam results
+0.1) and with every patient noisy and half the exam results (like its all-noise test split).
+
+    .venv/bin/python scripts/clinic_acceptance.py --cases 600 --out bench-out/clinic
+
+Generates the cases, builds one bank per noise level (all cases in one split), starts `case-env serve` on
+loopback, runs `case-env eval`'s runner for both agents on every bank, and writes acceptance.json and one
+report.html with all six runs on the cost-accuracy plot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from case_env.bank.build import write
+from case_env.bench.process import ServerProcess
+from case_env.clinic.bank import build
+from case_env.clinic.evaluate import run_clinic_eval
+from case_env.clinic.noise import NoiseConfig
+from case_env.clinic.report import write_report
+from case_env.clinic.synth import make_cases, write_csv
+
+LEVELS = {"clean": (0.0, 0.0), "training noise": (0.3, 0.1), "all noise": (1.0, 0.5)}
+AGENTS = ("clinician", "no-exam")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cases", type=int, default=300, help="Synthetic cases (10 per condition per 300).")
+    parser.add_argument("--seed", type=int, default=0, help="Case seed.")
+    parser.add_argument("--noise-seed", type=int, default=42, help="Noise seed.")
+    parser.add_argument("--out", type=Path, default=Path("bench-out/clinic"), help="Output directory.")
+    args = parser.parse_args()
+    root = args.out / "root"
+    cases = make_cases(args.cases, args.seed)
+    write_csv(cases, root / "clinic" / "clinic_synthetic.csv")
+    started = time.perf_counter()
+    figures: dict[str, dict] = {}
+    runs = []
+    with ServerProcess(args.out / "server.log", {"CASE_ENV_DATA_ROOT": str(root), "CASE_ENV_CLINIC_CASES": None,
+                                                 "CASE_ENV_TOKEN": None}) as server:  # fmt: skip
+        for level, (patient, exam) in LEVELS.items():
+            noise = NoiseConfig(seed=args.noise_seed, patient_rate=patient, exam_rate=exam)
+            bank = args.out / "banks" / level.replace(" ", "-")
+            write(
+                build(cases, args.seed, (1.0, 0.0, 0.0), noise),
+                bank,
+                {"env": "clinic", "noise": noise.model_dump()},
+            )
+            for agent in AGENTS:
+                out = args.out / "runs" / f"{level.replace(' ', '-')}-{agent}"
+                if (out / "trajectories.jsonl").exists():
+                    (out / "trajectories.jsonl").unlink()
+                results = run_clinic_eval(bank / "train.parquet", server.url, agent, out, progress=False)
+                figures[f"{agent} / {level}"] = {
+                    "overall": results["overall"],
+                    "by_noise": results["by_noise"],
+                }
+                runs.append((f"{agent}, {level}", results))
+                o = results["overall"]
+                print(f"{agent:10s} {level:15s} strict {o['accuracy_strict']:.3f} lenient {o['accuracy_lenient']:.3f} "
+                      f"cost {o['cost']:.2f} exams {o['exams']:.2f} turns {o['turns']:.2f} (n={o['n']})")  # fmt: skip
+    write_report(args.out, runs)
+    summary = {"cases": args.cases, "seed": args.seed, "noise_seed": args.noise_seed,
+               "levels": {k: {"patient_rate": v[0], "exam_rate": v[1]} for k, v in LEVELS.items()},
+               "seconds": round(time.perf_counter() - started, 1), "runs": figures}  # fmt: skip
+    (args.out / "acceptance.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(f"wrote {args.out / 'acceptance.json'} and {args.out / 'report.html'}")
+
+
+if __name__ == "__main__":
+    main()

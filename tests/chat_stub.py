@@ -1,0 +1,34 @@
+"""A scripted OpenAI-compatible chat endpoint for tests of the LLM-backed parts (patient simulator, judge,
+model agents): it answers each request with `reply(messages)` (a string is the reply's content, a dict the
+whole assistant message, tool calls included), optionally after a delay, and records what it was sent."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import FastAPI, Request
+
+
+class ScriptedChat:
+    def __init__(self, reply: Callable[[list[dict]], Any], delay_s: float = 0.0):
+        self.reply = reply
+        self.delay_s = delay_s
+        self.requests: list[dict] = []
+        self.lock = threading.Lock()
+        self.app = FastAPI()
+        self.app.post("/v1/chat/completions")(self.complete)
+
+    async def complete(self, request: Request) -> dict:
+        body = await request.json()
+        with self.lock:
+            self.requests.append(body)
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        reply = self.reply(body["messages"])
+        message = reply if isinstance(reply, dict) else {"role": "assistant", "content": reply}
+        finish = "tool_calls" if message.get("tool_calls") else "stop"
+        return {"id": "chatcmpl-scripted", "object": "chat.completion", "created": 0, "model": body["model"],
+                "choices": [{"index": 0, "finish_reason": finish, "message": message}]}  # fmt: skip

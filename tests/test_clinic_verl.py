@@ -1,0 +1,135 @@
+"""The clinic environment through verl 0.9.1's real classes on CPU: bank rows through RLHFDataset with the
+noise configuration intact, the stock ToolAgentLoop driving the scripted clinician through CaseTool, the
+patient's history carried by the adapter, and verl's reward manager scoring with the clinic reward. The same
+cases played by the HTTP eval runner give the same conversations and rewards: evaluation sees the noise
+training sees."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+from verl.tools.tool_registry import load_all_tools
+
+from case_env.bank.build import write
+from case_env.clinic.agents import Clinician, ClinicLoopPolicy
+from case_env.clinic.bank import build
+from case_env.clinic.evaluate import run_case, transcript
+from case_env.clinic.noise import NoiseConfig
+from case_env.clinic.reward import clinic_score
+from case_env.clinic.synth import make_cases, write_csv
+from case_env.eval.bank import load_items
+from case_env.verl.config import DEFAULT_PATH
+from case_env.verl.dataset import CaseRLHFDataset
+from case_env.verl.offline import ScriptedModel, build_tokenizer, loop_config, make_loop, score_with_verl
+from tests.server_harness import live_server
+from tests.test_clinic_server import env
+from tests.verl_rows import REPO, dataset_config
+
+NOISE = NoiseConfig(seed=7, patient_rate=0.5, exam_rate=0.3)
+
+
+@pytest.fixture(scope="module")
+def clinic(tmp_path_factory, dataset):
+    tmp = tmp_path_factory.mktemp("clinic-verl")
+    cases = make_cases(40, seed=1)
+    write_csv(cases, tmp / "cases" / "clinic_synthetic.csv")
+    write(build(cases, seed=1, fractions=(1.0, 0.0, 0.0), noise=NOISE), tmp / "bank", {"env": "clinic"})
+    with env(CASE_ENV_CLINIC_CASES=tmp / "cases"), live_server(dataset, tmp) as live:
+        yield tmp / "bank", live
+
+
+def test_clinic_rows_through_verl_tool_agent_loop_and_reward_manager(clinic, monkeypatch):
+    bank, server = clinic
+    monkeypatch.setenv("CASE_ENV_URL", server.url)
+    tools = load_all_tools(tool_config_path=str(REPO / DEFAULT_PATH), function_tool_path=None)
+    data = CaseRLHFDataset(data_files=[str(bank / "train.parquet")], tokenizer=build_tokenizer(),
+                           config=dataset_config(), processor=None)  # fmt: skip
+    items = [data[i] for i in range(len(data))][:24]
+    for item in items:
+        create = item["tools_kwargs"]["ask_patient"]["create_kwargs"]
+        assert create == {"patient_id": item["extra_info"]["patient_id"], "noise": NOISE.model_dump()}
+        assert item["extra_info"]["tool_selection"] == ["ask_patient", "order_exam"]
+
+    async def one(item: dict):
+        tokenizer = build_tokenizer()
+        prompt = "\n".join(m["content"] for m in item["raw_prompt"])
+        model = ScriptedModel(tokenizer, ClinicLoopPolicy(Clinician(prompt)))
+        loop = make_loop(tools, model, config=loop_config(max_turns=20))
+        out = await loop.run(sampling_params={}, raw_prompt=item["raw_prompt"], tools_kwargs=item["tools_kwargs"],
+                             extra_info=item["extra_info"], index=item["index"])  # fmt: skip
+        return out, model
+
+    async def run_all():
+        results = await asyncio.gather(*[one(item) for item in items])
+        return results, await score_with_verl(build_tokenizer(), [r[0] for r in results], items)
+
+    results, scores = asyncio.run(run_all())
+    by_key = {i.extra["patient_id"]: i for i in load_items(bank / "train.parquet")}
+    correct = 0
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        for (out, model), item, score in zip(results, items, scores, strict=True):
+            calls = out.extra_fields["case_env_tool_calls"]
+            dialogue = out.extra_fields["case_env_dialogue"]
+            assert calls and not any(c["infra_error"] for c in calls)
+            assert [c["tool"] for c in calls][: len(dialogue)] == ["ask_patient"] * len(dialogue)
+            assert len(dialogue) >= 2 and dialogue[0]["answer"] != dialogue[1]["answer"]
+            # the model was offered only the clinician's tools
+            assert (
+                '"name": "order_exam"' in model.prompts[0]
+                and '"name": "render_slice"' not in model.prompts[0]
+            )
+            extra = score["reward_extra_info"]
+            assert set(extra) == {"score", "acc", "acc_lenient", "dx", "exam_score", "cost", "exams",
+                                  "exams_necessary", "asks", "pred", "format_ok", "judge"}  # fmt: skip
+            assert extra["asks"] == len(dialogue) and extra["format_ok"]
+            correct += extra["acc"]
+            # the same case through the eval runner: the same conversation, the same reward
+            case = by_key[item["extra_info"]["patient_id"]]
+            prompt = "\n".join(m["content"] for m in case.prompt)
+            moves, final = run_case(client, Clinician(prompt), case, max_turns=20)
+            assert [m.observation for m in moves[: len(dialogue)]] == [d["answer"] for d in dialogue]
+            direct = clinic_score(transcript(moves, final), case.ground_truth, case.extra)
+            assert direct["pred"] == extra["pred"] and direct["exams"] == extra["exams"]
+            assert direct["score"] == pytest.approx(score["reward_score"], abs=1e-6)
+    assert correct / len(items) >= 0.8
+    audit = [json.loads(line) for line in server.state.settings.audit_log.read_text().splitlines()]
+    assert {r["tool"] for r in audit} == {"ask_patient", "order_exam"}
+
+
+def test_the_adapter_forwards_noise_and_history(clinic, monkeypatch):
+    """A trajectory's second question is answered with the first exchange as history (one AgentData)."""
+    bank, server = clinic
+    monkeypatch.setenv("CASE_ENV_URL", server.url)
+    tools = {
+        t.name: t for t in load_all_tools(tool_config_path=str(REPO / DEFAULT_PATH), function_tool_path=None)
+    }
+    item = load_items(bank / "train.parquet")[0]
+    create = item.extra["tools_kwargs"]["ask_patient"]
+
+    class Agent:  # what CaseTool reads of verl's AgentData
+        def __init__(self):
+            self.request_id = "traj-1"
+            self.extra_fields: dict = {}
+
+    agent = Agent()
+
+    async def ask(question: str):
+        instance, _ = await tools["ask_patient"].create(**create)
+        response, _, metrics = await tools["ask_patient"].execute(
+            instance, {"question": question}, agent_data=agent
+        )
+        await tools["ask_patient"].release(instance)
+        return response.text, metrics
+
+    async def conversation():
+        return [await ask("What brings you in?"), await ask("Anything else?"), await ask("Anything else?")]
+
+    answers = asyncio.run(conversation())
+    assert all(m["status"] == "ok" for _, m in answers)
+    assert [d["question"] for d in agent.extra_fields["case_env_dialogue"]] == [
+        "What brings you in?", "Anything else?", "Anything else?"]  # fmt: skip
+    assert answers[1][0] != answers[0][0]
+    assert answers[2][0] != answers[1][0] or "everything" in answers[2][0]
