@@ -15,6 +15,7 @@ DEMO_PROFILE  ?= ci
 DEMO_SEED     ?= 0
 DEMO_CASES    ?= 300
 DEMO_CLINIC   ?= data/clinic
+DEMO_REASON   ?= data/casereason
 
 .PHONY: demo test reliability lint format bench-data clean browser
 
@@ -39,6 +40,13 @@ demo: $(STAMP)
 		--patient-noise 0.3 --exam-noise 0.1
 	$(BIN)/case-env rollouts --bank $(DEMO_CLINIC)/bank --split train --data-root $(DEMO_ROOT) --per-source 16
 	$(BIN)/python scripts/clinic_acceptance.py --cases $(DEMO_CASES) --seed $(DEMO_SEED) --out $(DEMO_CLINIC)/acceptance
+	# the case-reasoning environment (issue 9): synthetic case reports, sequential-attempt rollouts through
+	# verl (submit_diagnosis, k = 5), then the scripted baselines' accuracy at 1/5/10 attempts and recall
+	$(BIN)/case-env synth --env casereason --out $(DEMO_ROOT) --patients 150 --seed $(DEMO_SEED)
+	$(BIN)/case-env bank build --env casereason --data-root $(DEMO_ROOT) --out $(DEMO_REASON)/bank --seed $(DEMO_SEED) \
+		--mode sequential --attempts 5
+	$(BIN)/case-env rollouts --bank $(DEMO_REASON)/bank --split train --data-root $(DEMO_ROOT) --per-source 16
+	$(BIN)/python scripts/casereason_baselines.py --cases $(DEMO_CASES) --seed $(DEMO_SEED) --out $(DEMO_REASON)/baselines
 
 test: $(STAMP) lint browser
 	$(BIN)/python -m pytest

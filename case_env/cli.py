@@ -63,7 +63,9 @@ def synth(
     ),
     jobs: int = typer.Option(0, "--jobs", help="Worker processes (0: one per CPU)."),
     env: str = typer.Option(
-        "imaging", "--env", help="imaging (MRI patients) or clinic (cases under <out>/clinic/)."
+        "imaging",
+        "--env",
+        help="imaging (MRI patients), clinic (<out>/clinic/) or casereason (<out>/casereason/).",
     ),
     case_format: str = typer.Option(
         "csv", "--format", help="clinic: csv (MedExAgent table) or jsonl (eval)."
@@ -73,8 +75,15 @@ def synth(
     if env == "clinic":
         _synth_clinic(out, patients, seed, case_format)
         return
+    if env == "casereason":
+        from case_env.casereason.synth import write_cases
+
+        path = out / "casereason" / "casereason_synthetic.jsonl"
+        rows = write_cases(patients, seed, path)
+        typer.echo(f"wrote {len(rows)} case-reasoning cases (seed {seed}) to {path}")
+        return
     if env != "imaging":
-        _fail(f"unknown environment {env!r}; choose imaging or clinic", 2)
+        _fail(f"unknown environment {env!r}; choose imaging, clinic or casereason", 2)
     from case_env.synth.geometry import PROFILES
     from case_env.synth.writer import DatasetExistsError, generate_dataset
 
@@ -354,15 +363,16 @@ def eval_(
     """Evaluate a policy over a bank against a live server; prints accuracy per data source."""
     import httpx
 
+    from case_env.casereason.evaluate import AGENTS as REASON_AGENTS
     from case_env.clinic.evaluate import AGENTS as CLINIC_AGENTS
-    from case_env.clinic.evaluate import is_clinic_bank
+    from case_env.clinic.evaluate import bank_environment
     from case_env.eval.openai_agent import ModelSettings
     from case_env.eval.runner import AGENTS, run_eval
     from case_env.eval.trajectory import TrajectoryFormatError
 
-    if agent not in (*AGENTS, *CLINIC_AGENTS):
-        _fail(f"unknown agent {agent!r}; choose one of {', '.join(AGENTS)} (imaging banks) or "
-              f"{', '.join(CLINIC_AGENTS)} (clinic banks)", 2)  # fmt: skip
+    if agent not in (*AGENTS, *CLINIC_AGENTS, *REASON_AGENTS):
+        _fail(f"unknown agent {agent!r}; choose one of {', '.join(AGENTS)} (imaging banks), "
+              f"{', '.join(CLINIC_AGENTS)} (clinic banks) or {', '.join(REASON_AGENTS)} (casereason banks)", 2)  # fmt: skip
     model = None
     if agent == "openai":
         if not model_url or not model_name:
@@ -370,13 +380,17 @@ def eval_(
         model = ModelSettings(base_url=model_url, model=model_name, api_key=api_key, max_turns=max_turns,
                               timeout_s=call_timeout, temperature=temperature)  # fmt: skip
     try:
-        clinic = is_clinic_bank(bank)
+        kind = bank_environment(bank)
     except FileNotFoundError as exc:
         _fail(str(exc), 2)
         return
-    if agent not in (CLINIC_AGENTS if clinic else AGENTS):
-        kind, valid = ("a clinic", CLINIC_AGENTS) if clinic else ("an imaging", AGENTS)
-        _fail(f"agent {agent!r} does not play {kind} bank; choose one of {', '.join(valid)}", 2)
+    valid = {"clinic": CLINIC_AGENTS, "casereason": REASON_AGENTS}.get(kind, AGENTS)
+    if agent not in valid:
+        _fail(f"agent {agent!r} does not play a {kind} bank; choose one of {', '.join(valid)}", 2)
+    if kind == "casereason":
+        _eval_casereason(bank, server_url, agent, out, concurrency, limit, token, model)
+        return
+    clinic = kind == "clinic"
     if clinic:
         _eval_clinic(bank, server_url, agent, out, concurrency, limit, resume, token, model, max_turns)
         return
@@ -399,21 +413,42 @@ def eval_(
     typer.echo(f"wrote {out / 'results.json'}, {out / 'report.html'} and {out / 'trajectories.jsonl'}")
 
 
-def _eval_clinic(bank: Path, server_url: str, agent: str, out: Path, concurrency: int, limit: int | None,
-                 resume: bool, token: str | None, model, max_turns: int) -> None:  # fmt: skip
+def _run_eval(run, server_url: str) -> dict:
+    """A text environment's eval, its expected failures as one line and an exit code."""
     import httpx
 
-    from case_env.clinic.evaluate import run_clinic_eval
-
     try:
-        results = run_clinic_eval(bank, server_url, agent, out, concurrency, limit, resume, token, model,
-                                  max_turns=max(max_turns, 20))  # fmt: skip
+        return run()
     except (FileNotFoundError, FileExistsError, LookupError) as exc:
         _fail(str(exc), 2)
-        return
     except httpx.HTTPError as exc:
         _fail(f"server {server_url} failed: {exc}", 1)
-        return
+    raise AssertionError("unreachable")  # _fail raises
+
+
+def _eval_casereason(bank: Path, server_url: str, agent: str, out: Path, concurrency: int, limit: int | None,
+                     token: str | None, model) -> None:  # fmt: skip
+    from case_env.casereason.evaluate import run_casereason_eval
+
+    results = _run_eval(lambda: run_casereason_eval(bank, server_url, agent, out, concurrency, limit, token, model),
+                        server_url)  # fmt: skip
+    typer.echo(
+        f"{'data source':14s} {'n':>4s} {'mode':12s} {'acc@1':>6s} {'acc@5':>6s} {'acc@10':>7s} {'recall':>7s}"
+    )
+    for name, g in {**results["by_data_source"], "overall": results["overall"]}.items():
+        for mode in ("independent", "sequential"):
+            a = g[mode]
+            typer.echo(f"{name:14s} {g['n']:4d} {mode:12s} {a.get('acc@1', 0):6.3f} {a.get('acc@5', 0):6.3f} "
+                       f"{a.get('acc@10', 0):7.3f} {g['recall']:7.3f}")  # fmt: skip
+    typer.echo(f"wrote {out / 'results.json'} and {out / 'trajectories.jsonl'}")
+
+
+def _eval_clinic(bank: Path, server_url: str, agent: str, out: Path, concurrency: int, limit: int | None,
+                 resume: bool, token: str | None, model, max_turns: int) -> None:  # fmt: skip
+    from case_env.clinic.evaluate import run_clinic_eval
+
+    results = _run_eval(lambda: run_clinic_eval(bank, server_url, agent, out, concurrency, limit, resume, token,
+                                                model, max_turns=max(max_turns, 20)), server_url)  # fmt: skip
     typer.echo(
         f"{'group':22s} {'n':>4s} {'strict':>7s} {'lenient':>8s} {'cost':>6s} {'exams':>6s} {'turns':>6s}"
     )
@@ -454,7 +489,20 @@ def bank_build(
     ),
     seed: int = typer.Option(0, "--seed", help="Seed of question choice, distractors, letters and splits."),
     split: str = typer.Option("0.8,0.1,0.1", "--split", help="train,val,test fractions of the patients."),
-    env: str = typer.Option("imaging", "--env", help="imaging (multiple choice) or clinic (diagnosis)."),
+    env: str = typer.Option(
+        "imaging", "--env", help="imaging (multiple choice), clinic (diagnosis) or casereason (case reports)."
+    ),
+    mode: str = typer.Option(
+        "independent",
+        "--mode",
+        help="casereason: independent (single turn) or sequential (submit_diagnosis).",
+    ),
+    attempts: int = typer.Option(
+        10, "--attempts", min=1, max=64, help="casereason: attempts k (sequential)."
+    ),
+    recall_weight: float = typer.Option(
+        0.0, "--recall-weight", min=0, help="casereason: reward weight of recall."
+    ),
     cases: list[Path] | None = typer.Option(
         None, "--cases", help="clinic: case CSV/JSONL files or directories (default: <data-root>/clinic)."
     ),
@@ -472,6 +520,9 @@ def bank_build(
         fractions = ()
     if len(fractions) != 3 or any(f < 0 for f in fractions) or abs(sum(fractions) - 1) > 1e-6:
         _fail(f"--split must be three non-negative fractions summing to 1, not {split!r}", 2)
+    if env == "casereason":
+        _bank_casereason(data_root, cases or [], out, seed, fractions, mode, attempts, recall_weight)  # type: ignore[arg-type]
+        return
     if env == "clinic":
         _bank_clinic(data_root, cases or [], out, seed, fractions, patient_noise, exam_noise, noise_seed)  # type: ignore[arg-type]
         return
@@ -501,6 +552,39 @@ def bank_build(
 _SOURCES = ("vista3d_opsd", "medpanel_v2_opsd", "medboard_opsd")
 
 
+def _text_cases(load_cases, data_root: Path | None, cases: list[Path], env: str):
+    """(paths, loaded) of a text environment's bank: --cases, else <data root>/<env>/; problems printed."""
+    paths = cases or ([data_root / env] if data_root is not None else [])
+    if not paths:
+        _fail(f"a {env} bank needs --cases, or --data-root holding {env}/", 2)
+    try:
+        loaded = load_cases(paths)
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        _fail(str(exc), 2)
+    for problem in loaded.problems[:20]:
+        typer.echo(f"problem: {problem}", err=True)
+    if not loaded.cases:
+        _fail(f"no usable {env} cases in {', '.join(map(str, paths))}")
+    return paths, loaded
+
+
+def _bank_casereason(data_root: Path | None, cases: list[Path], out: Path, seed: int,
+                     fractions: tuple[float, float, float], mode: str, attempts: int, recall_weight: float) -> None:  # fmt: skip
+    from case_env.bank.build import write
+    from case_env.casereason.bank import MODES, build
+    from case_env.casereason.cases import load_cases
+
+    if mode not in MODES:
+        _fail(f"unknown mode {mode!r}; choose {' or '.join(MODES)}", 2)
+    paths, loaded = _text_cases(load_cases, data_root, cases, "casereason")
+    result = build(loaded.cases, seed, fractions, mode, attempts, recall_weight)
+    write(result, out, {"env": "casereason", "seed": seed, "split": fractions, "mode": mode, "attempts": attempts,
+                        "cases": [str(p) for p in paths], "problems": loaded.problems})  # fmt: skip
+    for name, rows in result.rows.items():
+        typer.echo(f"{name:6s} {len(rows):6d} cases ({mode}, k={attempts if mode == 'sequential' else 1})")
+    typer.echo(f"wrote {out}")
+
+
 def _bank_clinic(data_root: Path | None, cases: list[Path], out: Path, seed: int,
                  fractions: tuple[float, float, float], patient_noise: float, exam_noise: float,
                  noise_seed: int) -> None:  # fmt: skip
@@ -509,18 +593,7 @@ def _bank_clinic(data_root: Path | None, cases: list[Path], out: Path, seed: int
     from case_env.clinic.cases import load_cases
     from case_env.clinic.noise import NoiseConfig
 
-    paths = cases or ([data_root / "clinic"] if data_root is not None else [])
-    if not paths:
-        _fail("a clinic bank needs --cases, or --data-root holding clinic/", 2)
-    try:
-        loaded = load_cases(paths)
-    except (FileNotFoundError, NotADirectoryError, UnicodeDecodeError) as exc:
-        _fail(str(exc), 2)
-        return
-    for problem in loaded.problems[:20]:
-        typer.echo(f"problem: {problem}", err=True)
-    if not loaded.cases:
-        _fail(f"no usable clinic cases in {', '.join(map(str, paths))}")
+    paths, loaded = _text_cases(load_cases, data_root, cases, "clinic")
     noise = NoiseConfig(seed=noise_seed, patient_rate=patient_noise, exam_rate=exam_noise)
     result = build(loaded.cases, seed, fractions, noise)
     write(result, out, {"env": "clinic", "seed": seed, "split": fractions, "cases": [str(p) for p in paths],

@@ -69,12 +69,17 @@ def compute_score(
     **kwargs: Any,
 ) -> dict[str, Any]:
     """verl custom reward: {"score", "acc", "pred", "format_ok"} for every input of the imaging banks; a
-    clinic row (data_source clinic_*) gets the clinic reward and its own fixed keys
-    (`case_env.clinic.reward`). One verl batch should hold rows of one environment."""
+    clinic row (data_source clinic_*) gets the clinic reward and a case-reasoning row (casereason) its own, each
+    with its own fixed keys (`case_env.clinic.reward`, `case_env.casereason.reward`). One verl batch should
+    hold rows of one environment."""
     if str(data_source).startswith("clinic_"):
         from case_env.clinic.reward import clinic_score
 
         return clinic_score(solution_str, ground_truth, extra_info)
+    if data_source == "casereason":
+        from case_env.casereason.reward import casereason_score
+
+        return casereason_score(solution_str, ground_truth, extra_info)
     pred, well_formed = parse_answer(final_segment(solution_str or ""))
     truth = str(ground_truth).strip().strip("()").upper()
     correct = pred is not None and pred == truth

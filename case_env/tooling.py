@@ -24,6 +24,8 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from case_env.casereason.cases import ReasoningCase
+from case_env.casereason.store import CaseReasonStore
 from case_env.clinic.cases import ClinicCase
 from case_env.clinic.context import EpisodeContext
 from case_env.clinic.store import ClinicStore
@@ -40,9 +42,13 @@ class Persona(StrEnum):
     RADIOLOGIST = "radiologist"
     CONSULTANT = "consultant"
     CLINICIAN = "clinician"  # the clinic environment: ask, examine, diagnose
+    DIAGNOSTICIAN = "diagnostician"  # the case-reasoning environment: read, reason, diagnose
 
 
 IMAGING_PERSONAS = (Persona.ANATOMIST, Persona.RADIOLOGIST, Persona.CONSULTANT)
+# The personas of each environment a server hosts; a patient id belongs to exactly one environment.
+ENVIRONMENT_PERSONAS = {"imaging": IMAGING_PERSONAS, "clinic": (Persona.CLINICIAN,),
+                        "casereason": (Persona.DIAGNOSTICIAN,)}  # fmt: skip
 
 
 class Visit(StrEnum):
@@ -121,6 +127,14 @@ class ToolContext:
     patient_id: str
     clinic: ClinicStore | None = None
     episode: EpisodeContext = field(default_factory=EpisodeContext)
+    casereason: CaseReasonStore | None = None
+
+    def reasoning_case(self) -> ReasoningCase:
+        case = self.casereason.cases.get(self.patient_id) if self.casereason is not None else None
+        if case is None:
+            raise ToolError(ErrorCode.NOT_AVAILABLE, "this tool belongs to the case-reasoning environment; this "
+                            "patient is not a case-reasoning case")  # fmt: skip
+        return case
 
     def case(self) -> ClinicCase:
         case = self.clinic.cases.get(self.patient_id) if self.clinic is not None else None

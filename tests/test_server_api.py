@@ -253,8 +253,10 @@ def test_tool_listing(server):
         "get_clinical_context",
         "ask_patient",
         "order_exam",
+        "submit_diagnosis",
     }
     assert tools["ask_patient"]["personas"] == tools["order_exam"]["personas"] == ["clinician"]
+    assert tools["submit_diagnosis"]["personas"] == ["diagnostician"]
     assert tools["list_visits"]["personas"] == ["anatomist", "radiologist", "consultant"]
     assert tools["compare_organ_volume"]["personas"] == ["anatomist"]
     assert tools["render_comparison"]["personas"] == ["radiologist"]

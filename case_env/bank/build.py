@@ -54,6 +54,18 @@ def split_patients(
     return out
 
 
+def rows_by_split(cases: list, fractions: tuple[float, float, float], seed: int, to_row) -> BankResult:
+    """One row per case (anything with a `case_id`), cases split by id, indices in id order; `to_row(case,
+    index, split)` makes the row. The text environments' banks share this; imaging banks split patients."""
+    patients = split_patients([c.case_id for c in cases], fractions, seed)
+    split_of = {cid: split for split, ids in patients.items() for cid in ids}
+    rows: dict[str, list[dict]] = {split: [] for split in SPLITS}
+    for index, case in enumerate(sorted(cases, key=lambda c: c.case_id)):
+        split = split_of[case.case_id]
+        rows[split].append(to_row(case, index, split))
+    return BankResult(rows, patients, [])
+
+
 def build(store: PatientStore, seed: int, fractions: tuple[float, float, float]) -> BankResult:
     facts, skipped = gather(store)
     ctx = BankContext(Imaging(store), anatomist.population(facts))

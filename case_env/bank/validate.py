@@ -17,6 +17,7 @@ from case_env.bank.schema import EXTRA_INFO_KEYS, REQUIRED_COLUMNS
 
 # A clinic row has no options; it names its recorded work-up and noise plan instead.
 CLINIC_EXTRA_INFO_KEYS = (*(k for k in EXTRA_INFO_KEYS if k != "options"), "clinic", "noise")
+CASEREASON_EXTRA_INFO_KEYS = (*(k for k in EXTRA_INFO_KEYS if k != "options"), "casereason")
 
 LETTER_RE = "ABCDEFGHIJ"
 
@@ -68,14 +69,14 @@ def _check_row(row: dict, tool_names: set[str]) -> list[str]:
     truth = reward.get("ground_truth") if isinstance(reward, dict) else None
     if not truth:
         problems.append("reward_model.ground_truth is missing")
-    if row.get("agent_name") not in (None, "tool_agent"):
-        problems.append(f"agent_name is {row.get('agent_name')!r}, expected tool_agent")
+    if row.get("agent_name") not in (None, "tool_agent", "single_turn_agent"):
+        problems.append(f"agent_name is {row.get('agent_name')!r}, expected tool_agent or single_turn_agent")
     extra, error = _extra(row.get("extra_info"))
     if error:
         return [*problems, error]
-    required = (
-        CLINIC_EXTRA_INFO_KEYS if str(row.get("data_source", "")).startswith("clinic_") else EXTRA_INFO_KEYS
-    )
+    source = str(row.get("data_source", ""))
+    required = (CLINIC_EXTRA_INFO_KEYS if source.startswith("clinic_") else
+                CASEREASON_EXTRA_INFO_KEYS if source == "casereason" else EXTRA_INFO_KEYS)  # fmt: skip
     missing = [k for k in required if k not in extra]
     if missing:
         problems.append(f"extra_info lacks {', '.join(missing)}")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 
-from case_env.bank.build import SPLITS, BankResult, split_patients
+from case_env.bank.build import BankResult, rows_by_split
 from case_env.clinic.cases import ClinicCase
 from case_env.clinic.catalogue import catalogue_text
 from case_env.clinic.noise import NoiseConfig, plan_noise
@@ -72,11 +72,6 @@ def to_row(case: ClinicCase, index: int, split: str, noise: NoiseConfig, weights
 def build(cases: list[ClinicCase], seed: int, fractions: tuple[float, float, float], noise: NoiseConfig,
           weights: RewardWeights | None = None) -> BankResult:  # fmt: skip
     weights = weights or RewardWeights()
-    patients = split_patients([c.case_id for c in cases], fractions, seed)
-    split_of = {cid: split for split, ids in patients.items() for cid in ids}
     version = schema_version(load_tools())
-    rows: dict[str, list[dict]] = {split: [] for split in SPLITS}
-    for index, case in enumerate(sorted(cases, key=lambda c: c.case_id)):
-        split = split_of[case.case_id]
-        rows[split].append(to_row(case, index, split, noise, weights, version))
-    return BankResult(rows, patients, [])
+    return rows_by_split(cases, fractions, seed, lambda case, index, split: to_row(case, index, split, noise, weights,
+                                                                                   version))  # fmt: skip

@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from case_env.casefiles import gather
 from case_env.clinic.catalogue import ExamCall, ExamError, exam_call, parse_exam_string
 from case_env.synth.frozen import FrozenDraw
 
@@ -197,27 +198,11 @@ def read_jsonl(path: Path) -> CaseLoad:
 
 def load_cases(paths: Iterable[Path]) -> CaseLoad:
     """Every case of the given CSV and JSONL files, or of those files inside given directories."""
-    total = CaseLoad()
-    seen: set[str] = set()
-    for path in paths:
-        path = Path(path)
-        files = (
-            sorted(p for p in path.iterdir() if p.suffix in (".csv", ".jsonl")) if path.is_dir() else [path]
-        )
-        for file in files:
-            if not file.exists():
-                raise FileNotFoundError(f"clinic case file {file} does not exist")
-            load = read_jsonl(file) if file.suffix == ".jsonl" else read_csv(file)
-            total.problems += load.problems
-            for case in load.cases:
-                if case.case_id in seen:
-                    total.problems.append(
-                        f"{file.name}: duplicate case id {case.case_id}, second one skipped"
-                    )
-                    continue
-                seen.add(case.case_id)
-                total.cases.append(case)
-    return total
+
+    def read(file: Path) -> CaseLoad:
+        return read_jsonl(file) if file.suffix == ".jsonl" else read_csv(file)
+
+    return gather(paths, (".csv", ".jsonl"), read, "clinic", CaseLoad())
 
 
 PERSONALITIES = ("plain", "verbose", "pleasing", "impatient", "distrust", "overanxious")

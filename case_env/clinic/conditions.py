@@ -194,7 +194,7 @@ CONDITIONS = {c.name: c for c in (
     # fatigue
     Condition("hypothyroidism", "fatigue", "slowed down", (3, 9, "months"),
               ("I feel cold when nobody else does",), {
-                  'thyroid_function_test()': "TSH 38 mU/L, free T4 6 pmol/L: primary hypothyroidism pattern."},
+                  'thyroid_function_test()': "TSH 38 mU/L (reference 0.4-4.0), free T4 6 pmol/L (reference 12-22)."},
               {'thyroid_function_test()': ("tsh 38",)}, ("a sister with thyroid disease",),
               ("underactive thyroid", "hashimoto thyroiditis"), (30, 75), sex="F"),
     Condition("iron deficiency anaemia", "fatigue", "weak", (1, 4, "months"),

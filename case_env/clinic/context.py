@@ -1,8 +1,9 @@
-"""What a clinic tool call carries besides its arguments: the episode's earlier exchanges and its noise.
+"""What a stateful tool call carries besides its arguments: the episode's earlier patient exchanges and noise
+(clinic), its earlier submitted diagnoses and attempt budget (case reasoning).
 
 The server holds no conversation state (any worker answers any call, a retried call is idempotent), so the
-caller sends what the patient simulator needs: the questions asked so far with the answers given, and the
-noise configuration of the bank row. Both come from the trajectory and the dataset row, never from the
+caller sends what the patient simulator or the attempt counter needs: the questions asked so far with the
+answers given, the noise configuration of the bank row, the diagnoses already submitted. Both come from the trajectory and the dataset row, never from the
 model: the verl adapter fills them in, and no tool schema has a field for them.
 """
 
@@ -33,3 +34,8 @@ class EpisodeContext(BaseModel):
     noise: NoiseConfig = Field(
         default_factory=NoiseConfig, description="The bank row's noise configuration (no noise by default)."
     )
+    submissions: list[str] = Field(
+        default_factory=list, max_length=MAX_EXCHANGES,
+        description="Diagnoses this episode already submitted with submit_diagnosis, oldest first.",
+    )  # fmt: skip
+    attempts: int = Field(1, ge=1, le=MAX_EXCHANGES, description="The row's attempt budget k.")

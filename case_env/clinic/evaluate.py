@@ -32,14 +32,13 @@ AGENTS = ("clinician", "no-exam", "openai")
 FILENAME = "trajectories.jsonl"
 
 
-def is_clinic_bank(bank: Path) -> bool:
-    """Every row a clinic row (reads only the data_source column)."""
-    sources = [
-        s
-        for path in bank_files(bank)
-        for s in pq.read_table(path, columns=["data_source"]).column(0).to_pylist()
-    ]
-    return bool(sources) and all(str(s).startswith("clinic_") for s in sources)
+def bank_environment(bank: Path) -> str:
+    """clinic, casereason or imaging: the environment of a bank's rows (reads only the data_source column)."""
+    sources = {str(s) for path in bank_files(bank)
+               for s in pq.read_table(path, columns=["data_source"]).column(0).to_pylist()}  # fmt: skip
+    if sources and all(s.startswith("clinic_") for s in sources):
+        return "clinic"
+    return "casereason" if sources == {"casereason"} else "imaging"
 
 
 class OpenAIClinician:

@@ -17,6 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from case_env import __version__
+from case_env.casereason.store import CaseReasonSettings, CaseReasonStore
 from case_env.clinic.store import ClinicSettings, ClinicStore
 from case_env.data.store import PatientStore
 from case_env.imaging.service import Imaging
@@ -102,8 +103,9 @@ def create_app(
         for problem in errors[:20]:
             log.warning("data problem: %s", problem)
         clinic = ClinicStore.load(ClinicSettings(), data.data_root)
-        for problem in clinic.problems[:20]:
-            log.warning("clinic case problem: %s", problem)
+        casereason = CaseReasonStore.load(CaseReasonSettings(), data.data_root)
+        for problem in [*clinic.problems[:20], *casereason.problems[:20]]:
+            log.warning("case problem: %s", problem)
         specs = tool_specs if tool_specs is not None else load_tools()
         replay = ReplayBook.load(settings.replay_dir, specs) if settings.replay_dir else None
         if replay is not None:
@@ -117,6 +119,7 @@ def create_app(
             imaging=imaging_class(store, settings.image_max_side),
             tools=specs,
             clinic=clinic,
+            casereason=casereason,
             replay=replay,
             episodes=EpisodeStore(settings.episode_db, settings.episode_idle_s, settings.max_episodes,
                                   settings.max_calls_per_episode),

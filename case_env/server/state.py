@@ -7,6 +7,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from case_env.casereason.store import CaseReasonStore
 from case_env.clinic.store import ClinicStore
 from case_env.data.store import PatientStore
 from case_env.imaging.service import Imaging
@@ -39,6 +40,7 @@ class ServerState:
     tasks: list[asyncio.Task] = field(default_factory=list)
     preload_pool: ThreadPoolExecutor | None = None  # set: warm each new patient's volumes in the background
     clinic: ClinicStore = field(default_factory=lambda: ClinicStore([]))
+    casereason: CaseReasonStore = field(default_factory=lambda: CaseReasonStore([]))
     _warmed: set[str] = field(default_factory=set)
     _readiness: tuple[float, tuple[bool, str | None]] = (0.0, (False, None))  # (valid until, answer)
 
@@ -50,17 +52,23 @@ class ServerState:
         """Imaging patients and clinic cases (a replay serves only its recorded patients)."""
         if self.replay:
             return sorted(self.replay.patients)
-        return self.store.patient_ids() + sorted(self.clinic.cases)
+        return self.store.patient_ids() + sorted(self.clinic.cases) + sorted(self.casereason.cases)
 
     def has_patient(self, patient_id: str) -> bool:
         if self.replay:
             return patient_id in self.replay.patients
-        return patient_id in self.store.index.patients or patient_id in self.clinic.cases
+        return patient_id in self.store.index.patients or self.environment(patient_id) != "imaging"
+
+    def environment(self, patient_id: str) -> str:
+        """imaging, clinic or casereason: which environment a patient id belongs to."""
+        if patient_id in self.clinic.cases:
+            return "clinic"
+        return "casereason" if patient_id in self.casereason.cases else "imaging"
 
     def fingerprint(self, patient_id: str) -> tuple:
-        """What the response cache keys a patient's answers under: its files' stats, or (clinic cases are
-        read once per worker) nothing."""
-        return () if patient_id in self.clinic.cases else self.store.fingerprint(patient_id)
+        """What the response cache keys a patient's answers under: its files' stats, or (clinic and
+        case-reasoning cases are read once per worker) nothing."""
+        return self.store.fingerprint(patient_id) if self.environment(patient_id) == "imaging" else ()
 
     def warm(self, patient_id: str) -> None:
         """Decode a patient's volumes in the background the first time this worker sees the patient: an
@@ -68,7 +76,7 @@ class ServerState:
         One background thread, so warming never takes more than one core from serving calls."""
         if self.preload_pool is None or self.replay is not None or patient_id in self._warmed:
             return
-        if patient_id in self.clinic.cases:  # a clinic case has no volumes
+        if self.environment(patient_id) != "imaging":  # a clinic or case-reasoning case has no volumes
             return
         self._warmed.add(patient_id)
         self.preload_pool.submit(self.store.preload, patient_id, 1)
@@ -85,6 +93,6 @@ class ServerState:
             return (True, None) if self.replay.entries else (False, "the replay set holds no recorded calls")
         if not self.store.root.is_dir():
             return False, "the data root is not readable"
-        if not self.store.patient_ids() and not self.clinic.cases:
+        if not self.store.patient_ids() and not self.clinic.cases and not self.casereason.cases:
             return False, "the data root holds no patients"
         return True, None

@@ -70,7 +70,13 @@ def load_rows(parquet: Path, per_source: int) -> list[dict]:
 
 
 def policy_for(item: dict):
-    """The model-free policy that plays a row: the scripted clinician on clinic rows."""
+    """The model-free policy that plays a row: the scripted clinician on clinic rows, the sequential reader on
+    case-reasoning rows (sequential banks: the offline loop is verl's tool_agent)."""
+    if item["data_source"] == "casereason":
+        from case_env.casereason.agents import Reader, SequentialReader
+
+        reader = Reader(item["extra_info"]["patient_id"], item["raw_prompt"][-1]["content"])
+        return SequentialReader(reader, int(item["extra_info"]["casereason"]["attempts"]))
     if item["data_source"].startswith("clinic_"):
         from case_env.clinic.agents import Clinician, ClinicLoopPolicy
 

@@ -12,9 +12,10 @@ What verl 0.9.1 does and does not do shapes this class (shared/reference/verl-0.
   model faults come back from the server as text and are never retried.
 - verl drops the metrics returned by `execute`; they are also appended to
   `agent_data.extra_fields["case_env_tool_calls"]`, where the reward function and logs can see them.
-- Clinic rows carry a noise configuration in `create_kwargs.noise`. Their calls send it with the
-  trajectory's earlier patient exchanges, kept in `agent_data.extra_fields["case_env_dialogue"]`, so the
-  server's patient simulator needs no state of its own (and a retried or restarted call answers the same).
+- Clinic rows carry a noise configuration in `create_kwargs.noise`, case-reasoning rows an attempt budget
+  in `create_kwargs.attempts`. Their calls send it with the trajectory's earlier patient exchanges and
+  submitted diagnoses, kept in `agent_data.extra_fields["case_env_dialogue"]` and `["case_env_submissions"]`,
+  so the server needs no state of its own (and a retried or restarted call answers the same).
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ from case_env.verl.settings import AdapterConfig
 
 RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504})
 DIALOGUE = "case_env_dialogue"
+SUBMISSIONS = "case_env_submissions"
+CONTEXT_KEYS = ("noise", "attempts")  # create_kwargs the server needs with every call of such a row
 
 
 class _Connection:
@@ -59,7 +62,7 @@ class CaseTool(BaseTool):
         super().__init__(config, tool_schema)
         self.settings = AdapterConfig.model_validate(config)
         self._patients: dict[str, str | None] = {}
-        self._noise: dict[str, dict | None] = {}
+        self._context: dict[str, dict] = {}
         self._connections: dict[int, _Connection] = {}
 
     def _connection(self) -> _Connection:
@@ -73,12 +76,14 @@ class CaseTool(BaseTool):
         instance_id = instance_id or str(uuid4())
         create_kwargs = kwargs.get("create_kwargs") or {}
         self._patients[instance_id] = create_kwargs.get("patient_id")
-        self._noise[instance_id] = create_kwargs.get("noise")
+        self._context[instance_id] = {
+            k: create_kwargs[k] for k in CONTEXT_KEYS if create_kwargs.get(k) is not None
+        }
         return instance_id, ToolResponse()
 
     async def release(self, instance_id: str, **kwargs: Any) -> None:
         self._patients.pop(instance_id, None)
-        self._noise.pop(instance_id, None)
+        self._context.pop(instance_id, None)
 
     async def execute(
         self, instance_id: str, parameters: dict[str, Any], **kwargs: Any
@@ -92,13 +97,17 @@ class CaseTool(BaseTool):
                 "status": "no_patient", "infra_error": True, "attempts": 0}  # fmt: skip
         else:
             body = {"episode_id": episode_id, "patient_id": patient_id, "arguments": parameters}
-            noise = self._noise.get(instance_id)
-            dialogue = agent_data.extra_fields.setdefault(DIALOGUE, []) if agent_data is not None else []
-            if noise is not None:  # a clinic row
-                body["context"] = {"history": list(dialogue), "noise": noise}
+            row = self._context.get(instance_id) or {}
+            fields = agent_data.extra_fields if agent_data is not None else {}
+            dialogue, submissions = fields.setdefault(DIALOGUE, []), fields.setdefault(SUBMISSIONS, [])
+            if row:  # a clinic or case-reasoning row: the server needs the episode's context
+                body["context"] = {**row, "history": list(dialogue), "submissions": list(submissions)}
             response, metrics = await self._call(body, started)
-            if self.name == "ask_patient" and metrics["status"] == "ok" and agent_data is not None:
-                dialogue.append({"question": parameters.get("question"), "answer": response.text})
+            if metrics["status"] == "ok" and agent_data is not None:
+                if self.name == "ask_patient":
+                    dialogue.append({"question": parameters.get("question"), "answer": response.text})
+                elif self.name == "submit_diagnosis":
+                    submissions.append(str(parameters.get("diagnosis", "")))
         metrics["latency_ms"] = round((time.monotonic() - started) * 1000, 1)
         metrics["tool"] = self.name
         if agent_data is not None:

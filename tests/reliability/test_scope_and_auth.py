@@ -34,6 +34,7 @@ ARGUMENTS = {
     "render_slice": {"visit": "baseline", "sequence": "fat", "plane": "axial", "organ": "liver"},
     "render_comparison": {"sequence": "water", "plane": "coronal", "organ": "liver"},
     "ask_patient": {"question": "What brings you in today?"}, "order_exam": {"exam": "cbc"},
+    "submit_diagnosis": {"diagnosis": "gout"},
 }  # fmt: skip
 
 

@@ -37,8 +37,8 @@ from case_env.server.models import (
 )
 from case_env.server.state import ServerState
 from case_env.tooling import (
+    ENVIRONMENT_PERSONAS,
     ErrorCode,
-    Persona,
     ToolContext,
     ToolError,
     ToolResult,
@@ -152,8 +152,8 @@ async def _admitted(state: ServerState, name: str, body: ToolCallRequest, starte
     state.warm(body.patient_id)
     spec = state.tools.get(name)
     if spec is None:
-        clinic = body.patient_id in state.clinic.cases  # name the tools of this patient's environment
-        valid = ", ".join(n for n, t in state.tools.items() if (Persona.CLINICIAN in t.personas) == clinic)
+        personas = set(ENVIRONMENT_PERSONAS[state.environment(body.patient_id)])  # this patient's environment
+        valid = ", ".join(n for n, t in state.tools.items() if personas & set(t.personas))
         return Outcome.failure(
             ErrorCode.UNKNOWN_TOOL, f"unknown tool {name!r}; available tools: {valid}", bound=True
         )
@@ -193,7 +193,9 @@ async def _run(state: ServerState, spec: ToolSpec, body: ToolCallRequest, starte
 async def _compute(
     state: ServerState, spec: ToolSpec, args: BaseModel, body: ToolCallRequest, started: float
 ) -> Outcome:
-    context = ToolContext(state.store, state.imaging, body.patient_id, state.clinic)
+    context = ToolContext(
+        state.store, state.imaging, body.patient_id, state.clinic, casereason=state.casereason
+    )
     if body.context is not None:
         context.episode = body.context
 
@@ -202,8 +204,8 @@ async def _compute(
             result = spec.run(context, args)
         except ToolError as exc:
             return Outcome.failure(exc.code, exc.message, bound=True)
-        except UnknownPatientError:  # an imaging tool asked about a clinic case
-            message = f"{spec.name} is an imaging tool; this patient is a clinic case without images"
+        except UnknownPatientError:  # an imaging tool asked about a clinic or case-reasoning case
+            message = f"{spec.name} is an imaging tool; this patient is a {state.environment(body.patient_id)} case without images"
             return Outcome.failure(ErrorCode.NOT_AVAILABLE, message, bound=True)
         except MissingDataError as exc:
             return Outcome.failure(ErrorCode.NOT_AVAILABLE, exc.reason, bound=True)

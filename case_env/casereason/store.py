@@ -1,0 +1,37 @@
+"""The server's case-reasoning cases, loaded once per worker: `CASE_ENV_CASEREASON_CASES` (files or
+directories, separated by the path separator), else `<data root>/casereason/` when it exists."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from case_env.casereason.cases import ReasoningCase, load_cases
+
+log = logging.getLogger("case_env.casereason")
+
+
+class CaseReasonSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CASE_ENV_CASEREASON_", extra="ignore")
+
+    cases: str | None = Field(None, description="Case files or directories, separated by the path separator.")
+
+
+class CaseReasonStore:
+    def __init__(self, cases: list[ReasoningCase], problems: list[str] | None = None):
+        self.cases = {c.case_id: c for c in cases}
+        self.problems = problems or []
+
+    @classmethod
+    def load(cls, settings: CaseReasonSettings, data_root: Path | None = None) -> CaseReasonStore:
+        paths = [Path(p) for p in settings.cases.split(os.pathsep) if p] if settings.cases else []
+        if not paths and data_root is not None and (data_root / "casereason").is_dir():
+            paths = [data_root / "casereason"]
+        loaded = load_cases(paths)
+        if paths:
+            log.info("case reasoning: %d cases, %d problem(s)", len(loaded.cases), len(loaded.problems))
+        return cls(loaded.cases, loaded.problems)

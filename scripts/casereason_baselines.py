@@ -1,0 +1,57 @@
+#!/usr/bin/env python3
+"""The case-reasoning environment's scripted baselines: accuracy at 1, 5 and 10 attempts (independent
+samples and sequential feedback) and reasoning recall, for the `reader` (reads the whole presentation,
+results included) and the `symptoms` reader (ignores results), on original synthetic cases.
+
+    .venv/bin/python scripts/casereason_baselines.py --cases 300 --out bench-out/casereason
+
+Writes the cases, builds a bank (all cases in one split), starts `case-env serve` on loopback for the
+`submit_diagnosis` tool, runs `case-env eval`'s runner for both baselines and writes baselines.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from case_env.bank.build import write
+from case_env.bench.process import ServerProcess
+from case_env.casereason.bank import build
+from case_env.casereason.cases import read_file
+from case_env.casereason.evaluate import run_casereason_eval
+from case_env.casereason.synth import write_cases
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cases", type=int, default=150, help="Synthetic cases.")
+    parser.add_argument("--seed", type=int, default=0, help="Case seed.")
+    parser.add_argument("--out", type=Path, default=Path("bench-out/casereason"), help="Output directory.")
+    args = parser.parse_args()
+    root = args.out / "root"
+    write_cases(args.cases, args.seed, root / "casereason" / "casereason_synthetic.jsonl")
+    cases = read_file(root / "casereason" / "casereason_synthetic.jsonl").cases
+    write(build(cases, args.seed, (1.0, 0.0, 0.0)), args.out / "bank", {"env": "casereason"})
+    started, figures = time.perf_counter(), {}
+    with ServerProcess(args.out / "server.log", {"CASE_ENV_DATA_ROOT": str(root), "CASE_ENV_CASEREASON_CASES": None,
+                                                 "CASE_ENV_TOKEN": None}) as server:  # fmt: skip
+        for agent in ("reader", "symptoms"):
+            results = run_casereason_eval(
+                args.out / "bank" / "train.parquet", server.url, agent, args.out / agent
+            )
+            figures[agent] = results["overall"]
+            o = results["overall"]
+            for mode in ("independent", "sequential"):
+                a = o[mode]
+                print(f"{agent:9s} {mode:12s} acc@1 {a['acc@1']:.3f} acc@5 {a['acc@5']:.3f} acc@10 {a['acc@10']:.3f} "
+                      f"recall {o['recall']:.3f} (n={o['n']})")  # fmt: skip
+    summary = {"cases": args.cases, "seed": args.seed, "seconds": round(time.perf_counter() - started, 1),
+               "baselines": figures}  # fmt: skip
+    (args.out / "baselines.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(f"wrote {args.out / 'baselines.json'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""The case-reasoning environment through verl 0.9.1's real classes on CPU: sequential-attempt rows through
+RLHFDataset and the stock ToolAgentLoop, `submit_diagnosis` through CaseTool (which carries the attempt
+budget and the submissions), verl's reward manager scoring with the case-reasoning reward; the HTTP eval
+runner agrees on every case."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+from verl.tools.tool_registry import load_all_tools
+
+from case_env.bank.build import write
+from case_env.casereason.agents import Reader, SequentialReader
+from case_env.casereason.bank import build
+from case_env.casereason.cases import read_file
+from case_env.casereason.evaluate import sequential
+from case_env.casereason.reward import casereason_score
+from case_env.casereason.synth import write_cases
+from case_env.eval.bank import load_items
+from case_env.verl.config import DEFAULT_PATH
+from case_env.verl.dataset import CaseRLHFDataset
+from case_env.verl.offline import (
+    ScriptedModel,
+    build_tokenizer,
+    loop_config,
+    make_loop,
+    score_with_verl,
+)
+from tests.server_harness import live_server
+from tests.test_clinic_server import env
+from tests.verl_rows import REPO, dataset_config
+
+K = 5
+
+
+def test_sequential_rows_through_tool_agent_loop_and_reward_manager(dataset, tmp_path, monkeypatch):
+    write_cases(24, 0, tmp_path / "cases" / "c.jsonl")
+    cases = read_file(tmp_path / "cases" / "c.jsonl").cases
+    write(build(cases, 0, (1.0, 0.0, 0.0), "sequential", K), tmp_path / "bank", {})
+    with env(CASE_ENV_CASEREASON_CASES=tmp_path / "cases"), live_server(dataset, tmp_path) as server:
+        monkeypatch.setenv("CASE_ENV_URL", server.url)
+        tools = load_all_tools(tool_config_path=str(REPO / DEFAULT_PATH), function_tool_path=None)
+        data = CaseRLHFDataset(data_files=[str(tmp_path / "bank" / "train.parquet")], tokenizer=build_tokenizer(),
+                               config=dataset_config(), processor=None)  # fmt: skip
+        items = [data[i] for i in range(len(data))]
+        assert all(i["agent_name"] == "tool_agent" for i in items)
+        assert items[0]["tools_kwargs"]["submit_diagnosis"]["create_kwargs"]["attempts"] == K
+
+        async def one(item: dict):
+            prompt = item["raw_prompt"][-1]["content"]
+            model = ScriptedModel(
+                build_tokenizer(), SequentialReader(Reader(item["extra_info"]["patient_id"], prompt), K)
+            )
+            loop = make_loop(tools, model, config=loop_config(max_turns=K + 2))
+            out = await loop.run(sampling_params={}, raw_prompt=item["raw_prompt"], tools_kwargs=item["tools_kwargs"],
+                                 extra_info=item["extra_info"], index=item["index"])  # fmt: skip
+            return out, model
+
+        async def run_all():
+            results = await asyncio.gather(*[one(item) for item in items])
+            return results, await score_with_verl(build_tokenizer(), [r[0] for r in results], items)
+
+        results, scores = asyncio.run(run_all())
+        by_id = {i.extra["patient_id"]: i for i in load_items(tmp_path / "bank" / "train.parquet")}
+        correct = recall = 0
+        with httpx.Client(base_url=server.url, timeout=30) as client:
+            for (out, model), item, score in zip(results, items, scores, strict=True):
+                extra = score["reward_extra_info"]
+                assert set(extra) == {
+                    "score",
+                    "acc",
+                    "pred",
+                    "format_ok",
+                    "judge",
+                    "recall",
+                    "attempts",
+                    "first_correct",
+                }
+                submissions = out.extra_fields["case_env_submissions"]
+                assert 1 <= len(submissions) <= K and extra["attempts"] >= len(submissions)
+                assert (
+                    '"name": "submit_diagnosis"' in model.prompts[0]
+                    and '"name": "order_exam"' not in model.prompts[0]
+                )
+                if extra["acc"]:
+                    assert "Correct. Give this diagnosis" in model.prompts[-1]
+                    assert extra["first_correct"] == len(submissions)
+                    assert score["reward_score"] == pytest.approx(1 - (len(submissions) - 1) / K, abs=1e-6)
+                correct += extra["acc"]
+                case = by_id[item["extra_info"]["patient_id"]]
+                reader = Reader(case.extra["patient_id"], case.prompt[-1]["content"])
+                direct = casereason_score(sequential(client, case, reader, K), case.ground_truth, case.extra)
+                assert (direct["acc"], direct["first_correct"]) == (extra["acc"], extra["first_correct"])
+                assert 0 <= extra["recall"] <= 1
+                recall += extra["recall"]
+        assert correct / len(items) >= 0.9 and recall / len(items) > 0.2
