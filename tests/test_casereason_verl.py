@@ -12,7 +12,7 @@ import pytest
 from verl.tools.tool_registry import load_all_tools
 
 from case_env.bank.build import write
-from case_env.casereason.agents import Reader, SequentialReader
+from case_env.casereason.agents import Reader
 from case_env.casereason.bank import build
 from case_env.casereason.cases import read_file
 from case_env.casereason.evaluate import sequential
@@ -21,13 +21,8 @@ from case_env.casereason.synth import write_cases
 from case_env.eval.bank import load_items
 from case_env.verl.config import DEFAULT_PATH
 from case_env.verl.dataset import CaseRLHFDataset
-from case_env.verl.offline import (
-    ScriptedModel,
-    build_tokenizer,
-    loop_config,
-    make_loop,
-    score_with_verl,
-)
+from case_env.verl.offline import build_tokenizer
+from case_env.verl.rollouts import play
 from tests.server_harness import live_server
 from tests.test_clinic_server import env
 from tests.verl_rows import REPO, dataset_config
@@ -48,25 +43,11 @@ def test_sequential_rows_through_tool_agent_loop_and_reward_manager(dataset, tmp
         assert all(i["agent_name"] == "tool_agent" for i in items)
         assert items[0]["tools_kwargs"]["submit_diagnosis"]["create_kwargs"]["attempts"] == K
 
-        async def one(item: dict):
-            prompt = item["raw_prompt"][-1]["content"]
-            model = ScriptedModel(
-                build_tokenizer(), SequentialReader(Reader(item["extra_info"]["patient_id"], prompt), K)
-            )
-            loop = make_loop(tools, model, config=loop_config(max_turns=K + 2))
-            out = await loop.run(sampling_params={}, raw_prompt=item["raw_prompt"], tools_kwargs=item["tools_kwargs"],
-                                 extra_info=item["extra_info"], index=item["index"])  # fmt: skip
-            return out, model
-
-        async def run_all():
-            results = await asyncio.gather(*[one(item) for item in items])
-            return results, await score_with_verl(build_tokenizer(), [r[0] for r in results], items)
-
-        results, scores = asyncio.run(run_all())
+        outputs, models, scores = asyncio.run(play(items, tools, len(items)))
         by_id = {i.extra["patient_id"]: i for i in load_items(tmp_path / "bank" / "train.parquet")}
         correct = recall = 0
         with httpx.Client(base_url=server.url, timeout=30) as client:
-            for (out, model), item, score in zip(results, items, scores, strict=True):
+            for out, model, item, score in zip(outputs, models, items, scores, strict=True):
                 extra = score["reward_extra_info"]
                 assert set(extra) == {
                     "score",

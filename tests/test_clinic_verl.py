@@ -14,7 +14,7 @@ import pytest
 from verl.tools.tool_registry import load_all_tools
 
 from case_env.bank.build import write
-from case_env.clinic.agents import Clinician, ClinicLoopPolicy
+from case_env.clinic.agents import Clinician
 from case_env.clinic.bank import build
 from case_env.clinic.evaluate import run_case, transcript
 from case_env.clinic.noise import NoiseConfig
@@ -23,7 +23,8 @@ from case_env.clinic.synth import make_cases, write_csv
 from case_env.eval.bank import load_items
 from case_env.verl.config import DEFAULT_PATH
 from case_env.verl.dataset import CaseRLHFDataset
-from case_env.verl.offline import ScriptedModel, build_tokenizer, loop_config, make_loop, score_with_verl
+from case_env.verl.offline import build_tokenizer
+from case_env.verl.rollouts import play
 from tests.server_harness import live_server
 from tests.test_clinic_server import env
 from tests.verl_rows import REPO, dataset_config
@@ -53,24 +54,11 @@ def test_clinic_rows_through_verl_tool_agent_loop_and_reward_manager(clinic, mon
         assert create == {"patient_id": item["extra_info"]["patient_id"], "noise": NOISE.model_dump()}
         assert item["extra_info"]["tool_selection"] == ["ask_patient", "order_exam"]
 
-    async def one(item: dict):
-        tokenizer = build_tokenizer()
-        prompt = "\n".join(m["content"] for m in item["raw_prompt"])
-        model = ScriptedModel(tokenizer, ClinicLoopPolicy(Clinician(prompt)))
-        loop = make_loop(tools, model, config=loop_config(max_turns=20))
-        out = await loop.run(sampling_params={}, raw_prompt=item["raw_prompt"], tools_kwargs=item["tools_kwargs"],
-                             extra_info=item["extra_info"], index=item["index"])  # fmt: skip
-        return out, model
-
-    async def run_all():
-        results = await asyncio.gather(*[one(item) for item in items])
-        return results, await score_with_verl(build_tokenizer(), [r[0] for r in results], items)
-
-    results, scores = asyncio.run(run_all())
+    outputs, models, scores = asyncio.run(play(items, tools, len(items)))
     by_key = {i.extra["patient_id"]: i for i in load_items(bank / "train.parquet")}
     correct = 0
     with httpx.Client(base_url=server.url, timeout=30) as client:
-        for (out, model), item, score in zip(results, items, scores, strict=True):
+        for out, model, item, score in zip(outputs, models, items, scores, strict=True):
             calls = out.extra_fields["case_env_tool_calls"]
             dialogue = out.extra_fields["case_env_dialogue"]
             assert calls and not any(c["infra_error"] for c in calls)

@@ -84,7 +84,11 @@ def policy_for(item: dict):
     return LoopPolicy(scripted_agent(item["extra_info"]))
 
 
-async def _rollouts(items: list[dict], tools: list, concurrency: int) -> tuple[list, list[dict]]:
+async def play(
+    items: list[dict], tools: list, concurrency: int
+) -> tuple[list, list[ScriptedModel], list[dict]]:
+    """Each row played by its policy through ToolAgentLoop, then scored by verl's reward manager: (outputs,
+    the scripted models with the prompts they saw, reward-manager results). Must run inside an event loop."""
     gate = asyncio.Semaphore(concurrency)
 
     async def one(item: dict):
@@ -94,11 +98,13 @@ async def _rollouts(items: list[dict], tools: list, concurrency: int) -> tuple[l
             loop = make_loop(
                 tools, model, processor=build_processor(tokenizer), config=loop_config(max_turns=40)
             )
-            return await loop.run(sampling_params={}, raw_prompt=item["raw_prompt"], tools_kwargs=item["tools_kwargs"],
-                                  extra_info=item["extra_info"], index=item["index"])  # fmt: skip
+            out = await loop.run(sampling_params={}, raw_prompt=item["raw_prompt"], tools_kwargs=item["tools_kwargs"],
+                                 extra_info=item["extra_info"], index=item["index"])  # fmt: skip
+            return out, model
 
-    outputs = await asyncio.gather(*[one(item) for item in items])
-    return outputs, await score_with_verl(build_tokenizer(), outputs, items)
+    played = await asyncio.gather(*[one(item) for item in items])
+    outputs = [out for out, _ in played]
+    return outputs, [model for _, model in played], await score_with_verl(build_tokenizer(), outputs, items)
 
 
 def run_rollouts(
@@ -108,7 +114,7 @@ def run_rollouts(
     with _quiet():
         tools = load_all_tools(tool_config_path=str(DEFAULT_PATH.resolve()), function_tool_path=None)
     items = load_rows(parquet, per_source)
-    outputs, scores = asyncio.run(_rollouts(items, tools, concurrency))
+    outputs, _models, scores = asyncio.run(play(items, tools, concurrency))
     summary: dict[str, SourceSummary] = defaultdict(SourceSummary)
     for out, item, score in zip(outputs, items, scores, strict=True):
         s = summary[item["data_source"]]
