@@ -4,9 +4,40 @@ skipped. One loop for both environments, so both treat paths, missing files and 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import csv
+import json
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
+
+
+def records(path: Path) -> Iterator[tuple[int, str, dict | None, str | None]]:
+    """(number, where, row, problem) for every row of a JSONL, CSV or parquet file: `number` is the 0-based
+    row of a table or the line of a JSONL file, `where` names it for messages, and a line that is not a JSON
+    object comes with row None and the reason."""
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        for n, row in enumerate(pq.read_table(path).to_pylist()):
+            yield n, f"{path.name} row {n}", row, None
+    elif path.suffix == ".csv":
+        with path.open(newline="", encoding="utf-8") as handle:
+            for n, row in enumerate(csv.DictReader(handle)):
+                yield n, f"{path.name} row {n + 2}", row, None
+    else:
+        with path.open(encoding="utf-8") as handle:
+            for n, line in enumerate(handle, start=1):
+                if not line.strip():
+                    continue
+                where = f"{path.name} line {n}"
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    yield n, where, None, f"not JSON ({exc.msg})"
+                    continue
+                yield (
+                    (n, where, row, None) if isinstance(row, dict) else (n, where, None, "not a JSON object")
+                )
 
 
 def gather(paths: Iterable[Path], suffixes: tuple[str, ...], read: Callable[[Path], Any], kind: str,

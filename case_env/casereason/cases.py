@@ -8,14 +8,12 @@ else `<file stem>-<row>`; either way they are what the bank's rows and the serve
 
 from __future__ import annotations
 
-import csv
-import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from case_env.casefiles import gather
+from case_env.casefiles import gather, records
 
 _ID_UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
 _NUMBERED = re.compile(r"(?:^|\n|\s)(\d{1,2})[.)]\s+")
@@ -57,34 +55,9 @@ def statements(text: str) -> tuple[str, ...]:
     return tuple(parts)
 
 
-def _rows(path: Path) -> Iterable[tuple[str, dict | None, str | None]]:
-    """(where, row, problem) for every row of a JSONL, CSV or parquet file."""
-    if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        for n, row in enumerate(pq.read_table(path).to_pylist()):
-            yield f"{path.name} row {n}", row, None
-    elif path.suffix == ".csv":
-        with path.open(newline="", encoding="utf-8") as handle:
-            for n, row in enumerate(csv.DictReader(handle)):
-                yield f"{path.name} row {n + 2}", row, None
-    else:
-        with path.open(encoding="utf-8") as handle:
-            for n, line in enumerate(handle, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    yield f"{path.name} line {n}", None, f"not JSON ({exc.msg})"
-                    continue
-                yield f"{path.name} line {n}", row if isinstance(row, dict) else None, (
-                    None if isinstance(row, dict) else "not a JSON object")  # fmt: skip
-
-
 def read_file(path: Path) -> ReasoningLoad:
     load = ReasoningLoad()
-    for n, (where, row, problem) in enumerate(_rows(path)):
+    for n, (_number, where, row, problem) in enumerate(records(path)):
         if row is None:
             load.problems.append(f"{where}: skipped, {problem}")
             continue

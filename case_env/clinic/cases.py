@@ -11,14 +11,13 @@ symptoms is reported and skipped. Case ids are `<file stem>-<row>` (CSV) or `<fi
 
 from __future__ import annotations
 
-import csv
 import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from case_env.casefiles import gather
+from case_env.casefiles import gather, records
 from case_env.clinic.catalogue import ExamCall, ExamError, exam_call, parse_exam_string
 from case_env.synth.frozen import FrozenDraw
 
@@ -126,16 +125,14 @@ def _case(case_id: str, row: dict, exams: tuple[RecordedExam, ...], source: str,
 
 def read_csv(path: Path) -> CaseLoad:
     load = CaseLoad()
-    with path.open(newline="", encoding="utf-8") as handle:
-        for n, row in enumerate(csv.DictReader(handle)):
-            where = f"{path.name} row {n + 2}"
-            pairs = [(_clean(row.get(f"exam{i}")), _clean(row.get(f"exam{i}_findings")))
-                     for i in range(1, MAX_EXAMS + 1)]  # fmt: skip
-            exams = _exams(pairs, where, load.problems)
-            case = _case(_case_id(path.stem, f"{n:05d}"), row, exams, _source(_clean(row.get("source")), path),
-                         None, where, load.problems)  # fmt: skip
-            if case is not None:
-                load.cases.append(case)
+    for n, where, row, _problem in records(path):
+        pairs = [(_clean(row.get(f"exam{i}")), _clean(row.get(f"exam{i}_findings")))
+                 for i in range(1, MAX_EXAMS + 1)]  # fmt: skip
+        exams = _exams(pairs, where, load.problems)
+        case = _case(_case_id(path.stem, f"{n:05d}"), row, exams, _source(_clean(row.get("source")), path),
+                     None, where, load.problems)  # fmt: skip
+        if case is not None:
+            load.cases.append(case)
     return load
 
 
@@ -172,27 +169,18 @@ def _conversation_exams(conversation: list) -> list[tuple[str, str]]:
 
 def read_jsonl(path: Path) -> CaseLoad:
     load = CaseLoad()
-    with path.open(encoding="utf-8") as handle:
-        for n, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            where = f"{path.name} line {n}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                load.problems.append(f"{where}: skipped, not JSON ({exc.msg})")
-                continue
-            if not isinstance(record, dict):
-                load.problems.append(f"{where}: skipped, not a JSON object")
-                continue
-            demographics = record.get("demographics")
-            row = {**record, **(demographics if isinstance(demographics, dict) else {})}
-            exams = _exams(_conversation_exams(record.get("conversation")), where, load.problems)
-            local = _clean(record.get("patient_id")) or f"{n:05d}"
-            case = _case(_case_id(path.stem, local), row, exams, _source(_clean(record.get("source")), path),
-                         _persona(record.get("patient_persona")), where, load.problems)  # fmt: skip
-            if case is not None:
-                load.cases.append(case)
+    for n, where, record, problem in records(path):
+        if record is None:
+            load.problems.append(f"{where}: skipped, {problem}")
+            continue
+        demographics = record.get("demographics")
+        row = {**record, **(demographics if isinstance(demographics, dict) else {})}
+        exams = _exams(_conversation_exams(record.get("conversation")), where, load.problems)
+        local = _clean(record.get("patient_id")) or f"{n:05d}"
+        case = _case(_case_id(path.stem, local), row, exams, _source(_clean(record.get("source")), path),
+                     _persona(record.get("patient_persona")), where, load.problems)  # fmt: skip
+        if case is not None:
+            load.cases.append(case)
     return load
 
 
