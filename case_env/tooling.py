@@ -130,18 +130,10 @@ class ToolContext:
     casereason: CaseReasonStore | None = None
 
     def reasoning_case(self) -> ReasoningCase:
-        case = self.casereason.cases.get(self.patient_id) if self.casereason is not None else None
-        if case is None:
-            raise ToolError(ErrorCode.NOT_AVAILABLE, "this tool belongs to the case-reasoning environment; this "
-                            "patient is not a case-reasoning case")  # fmt: skip
-        return case
+        return _case_in(self.casereason, self.patient_id, "case-reasoning")
 
     def case(self) -> ClinicCase:
-        case = self.clinic.cases.get(self.patient_id) if self.clinic is not None else None
-        if case is None:
-            raise ToolError(ErrorCode.NOT_AVAILABLE, "this tool belongs to the clinic environment; this "
-                            "patient is not a clinic case")  # fmt: skip
-        return case
+        return _case_in(self.clinic, self.patient_id, "clinic")
 
     def visit(self, visit: str) -> VisitFiles:
         try:
@@ -162,6 +154,15 @@ class ToolContext:
             raise ToolError(ErrorCode.UNKNOWN_ORGAN, f"organ {organ!r} is not segmented for this patient at "
                             f"{visit}; available: {', '.join(present)}{more}")  # fmt: skip
         return volumetry[name]
+
+
+def _case_in(store: Any, patient_id: str, environment: str) -> Any:
+    """This call's case in a text environment's store, or the model-readable refusal."""
+    case = store.cases.get(patient_id) if store is not None else None
+    if case is None:
+        raise ToolError(ErrorCode.NOT_AVAILABLE, f"this tool belongs to the {environment} environment; this "
+                        f"patient is not a {environment} case")  # fmt: skip
+    return case
 
 
 Handler = Callable[[ToolContext, Any], ToolResult]

@@ -23,6 +23,7 @@ from fastapi import APIRouter, Depends, Path, Request
 from fastapi.responses import Response
 from pydantic import BaseModel
 
+from case_env.clinic.context import EpisodeContext
 from case_env.errors import DataError, MissingDataError, UnknownPatientError
 from case_env.server.auth import require_token
 from case_env.server.episodes import Call
@@ -193,11 +194,8 @@ async def _run(state: ServerState, spec: ToolSpec, body: ToolCallRequest, starte
 async def _compute(
     state: ServerState, spec: ToolSpec, args: BaseModel, body: ToolCallRequest, started: float
 ) -> Outcome:
-    context = ToolContext(
-        state.store, state.imaging, body.patient_id, state.clinic, casereason=state.casereason
-    )
-    if body.context is not None:
-        context.episode = body.context
+    context = ToolContext(state.store, state.imaging, body.patient_id, state.clinic,
+                          body.context or EpisodeContext(), state.casereason)  # fmt: skip
 
     def job() -> Outcome:
         try:
