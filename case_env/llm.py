@@ -17,10 +17,12 @@ import os
 import sqlite3
 import threading
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 import httpx
 from pydantic import BaseModel, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 log = logging.getLogger("case_env.llm")
 
@@ -85,3 +87,25 @@ class ChatClient:
     def close(self) -> None:
         self._http.close()
         self._db.close()
+
+
+class JudgeSettings(BaseSettings):
+    """The optional diagnosis judge of the text environments (CASE_ENV_JUDGE_URL, CASE_ENV_JUDGE_MODEL,
+    CASE_ENV_JUDGE_TIMEOUT_S, CASE_ENV_JUDGE_CACHE); off when no URL is set."""
+
+    model_config = SettingsConfigDict(env_prefix="CASE_ENV_JUDGE_", extra="ignore")
+
+    url: str | None = None
+    model: str = "gpt-4.1-mini"
+    timeout_s: float = 20.0
+    cache: str | None = None
+
+
+@cache
+def default_judge() -> ChatClient | None:
+    """One judge client per process, shared by the clinic and case-reasoning rewards and submit_diagnosis."""
+    settings = JudgeSettings()
+    if not settings.url:
+        return None
+    return ChatClient(LLMSettings(base_url=settings.url, model=settings.model, timeout_s=settings.timeout_s,
+                                  max_tokens=64, cache_path=Path(settings.cache) if settings.cache else None))  # fmt: skip

@@ -12,6 +12,7 @@ manager requires.
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -32,6 +33,30 @@ def final_segment(solution_str: str) -> str:
     """What the model wrote after the last tool response, without its <think> blocks."""
     tail = solution_str.rsplit(_TOOL_RESPONSE_END, 1)[-1]
     return _THINK.sub("", tail)
+
+
+_TOOL_RESPONSE = re.compile(r"<tool_response>.*?(?:</tool_response>|$)", re.DOTALL)
+_TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+
+
+def model_text(solution_str: str) -> str:
+    """The trajectory without its tool responses: only what the model itself wrote."""
+    return _TOOL_RESPONSE.sub("", solution_str or "")
+
+
+def tool_calls(solution_str: str) -> list[tuple[str, dict]]:
+    """(name, arguments) of every tool call the model wrote, in order, read as verl's Hermes parser reads them
+    (a JSON object in <tool_call> tags); tool responses are not read."""
+    calls = []
+    for body in _TOOL_CALL.findall(model_text(solution_str)):
+        try:
+            call = json.loads(body)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(call, dict) and isinstance(call.get("name"), str):
+            arguments = call.get("arguments")
+            calls.append((call["name"], arguments if isinstance(arguments, dict) else {}))
+    return calls
 
 
 def last_answer(text: str, forms: list[re.Pattern] = _ANSWER_FORMS) -> str | None:

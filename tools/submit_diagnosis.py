@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from case_env.casereason.judge import judge
-from case_env.clinic.reward import default_judge
+from case_env.llm import default_judge
 from case_env.tooling import Persona, ToolContext, ToolResult
 
 NAME = "submit_diagnosis"

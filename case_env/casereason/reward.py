@@ -18,12 +18,10 @@ from typing import Any
 from case_env.casereason.judge import judge
 from case_env.casereason.recall import reasoning_recall
 from case_env.clinic.diagnosis import canonical
-from case_env.clinic.reward import default_judge, tool_calls
-from case_env.llm import ChatClient
-from case_env.reward import _ANSWER_FORMS, final_segment, last_answer
+from case_env.llm import ChatClient, default_judge
+from case_env.reward import _ANSWER_FORMS, final_segment, last_answer, model_text, tool_calls
 
 _THINK = re.compile(r"<think>(.*?)(?:</think>|$)", re.DOTALL)
-_TOOL_RESPONSE = re.compile(r"<tool_response>.*?(?:</tool_response>|$)", re.DOTALL)
 KEYS = ("score", "acc", "pred", "format_ok", "judge", "recall", "attempts", "first_correct")
 
 
@@ -48,7 +46,7 @@ def casereason_score(solution_str: str, ground_truth: str, extra_info: dict | No
     k = max(1, int(settings.get("attempts", 1)))
     content = last_answer(final_segment(text), _ANSWER_FORMS[:1])
     final = content.strip() if content and content.strip() else None
-    trace = "\n".join(_THINK.findall(_TOOL_RESPONSE.sub("", text)))
+    trace = "\n".join(_THINK.findall(model_text(text)))
     client = client if client is not None else default_judge()
     attempts = attempts_of(text, final)[:k]
     first, how = 0, "none"

@@ -24,21 +24,17 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
-from functools import cache
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from case_env.clinic.cases import exam_of
 from case_env.clinic.catalogue import ExamCall, ExamError, parse_exam_string
 from case_env.clinic.diagnosis import MAX_CONDITIONS, Verdict, conditions, judge
-from case_env.llm import ChatClient, LLMSettings
-from case_env.reward import _ANSWER_FORMS, final_segment, last_answer
+from case_env.llm import ChatClient, default_judge
+from case_env.reward import _ANSWER_FORMS, final_segment, last_answer, tool_calls
 
 _DIAGNOSIS_TAG = re.compile(r"\[DIAGNOSIS:\s*(.+?)\]", re.DOTALL)
-_TOOL_RESPONSE = re.compile(r"<tool_response>.*?(</tool_response>|$)", re.DOTALL)
-_TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 KEYS = ("score", "acc", "acc_lenient", "dx", "exam_score", "cost", "exams", "exams_necessary", "asks",
         "pred", "format_ok", "judge")  # fmt: skip
 
@@ -52,43 +48,6 @@ class RewardWeights(BaseModel):
     necessary_discount: float = Field(
         0.75, ge=0, le=1, description="Share of a recorded work-up exam's charge waived, first order only."
     )
-
-
-class JudgeSettings(BaseSettings):
-    """The optional diagnosis judge (CASE_ENV_JUDGE_URL, CASE_ENV_JUDGE_MODEL, ...); off when no URL."""
-
-    model_config = SettingsConfigDict(env_prefix="CASE_ENV_JUDGE_", extra="ignore")
-
-    url: str | None = None
-    model: str = "gpt-4.1-mini"
-    timeout_s: float = 20.0
-    cache: str | None = None
-
-
-@cache
-def default_judge() -> ChatClient | None:
-    settings = JudgeSettings()
-    if not settings.url:
-        return None
-    from pathlib import Path
-
-    return ChatClient(LLMSettings(base_url=settings.url, model=settings.model, timeout_s=settings.timeout_s,
-                                  max_tokens=64, cache_path=Path(settings.cache) if settings.cache else None))  # fmt: skip
-
-
-def tool_calls(solution_str: str) -> list[tuple[str, dict]]:
-    """(name, arguments) of every tool call the model wrote, in order; tool responses are not read."""
-    own = _TOOL_RESPONSE.sub("", solution_str or "")
-    calls = []
-    for body in _TOOL_CALL.findall(own):
-        try:
-            call = json.loads(body)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(call, dict) and isinstance(call.get("name"), str):
-            arguments = call.get("arguments")
-            calls.append((call["name"], arguments if isinstance(arguments, dict) else {}))
-    return calls
 
 
 def ordered_exams(solution_str: str) -> list[ExamCall]:
