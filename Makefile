@@ -23,7 +23,7 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-$(STAMP): pyproject.toml | $(BIN)/python
+$(STAMP): pyproject.toml setup.py | $(BIN)/python
 	$(BIN)/python -m pip install --quiet $(TORCH)
 	$(BIN)/python -m pip install --quiet -e '.[dev,verl]'
 	touch $(STAMP)
@@ -47,6 +47,8 @@ demo: $(STAMP)
 		--mode sequential --attempts 5
 	$(BIN)/case-env rollouts --bank $(DEMO_REASON)/bank --split train --data-root $(DEMO_ROOT) --per-source 16
 	$(BIN)/python scripts/casereason_baselines.py --cases $(DEMO_CASES) --seed $(DEMO_SEED) --out $(DEMO_REASON)/baselines
+	# every registered environment, with its personas and tools
+	$(BIN)/case-env envs
 
 test: $(STAMP) lint browser
 	$(BIN)/python -m pytest
@@ -65,6 +67,7 @@ browser:
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/deptry .  # every import declared, in core or in the extra that needs it
 
 format: $(STAMP)
 	$(BIN)/ruff check --fix .

@@ -15,7 +15,7 @@ def default_cache_dir() -> Path:
 
 
 class DataSettings(BaseSettings):
-    """Where patient data lives and how much of it stays decoded in memory."""
+    """Where case data lives, how much of it stays decoded in memory, and how large rendered images are."""
 
     model_config = SettingsConfigDict(env_prefix="CASE_ENV_", extra="ignore")
 
@@ -37,6 +37,7 @@ class DataSettings(BaseSettings):
         ge=0,
         description="Seconds a file's stat (mtime, size) is trusted before a replaced file is noticed.",
     )
+    image_max_side: int = Field(448, ge=64, le=2048, description="Longest side of returned images in pixels.")
     cache_dir: Path = Field(
         default_factory=default_cache_dir,
         description="Directory for derived data (volumetry of roots without a volumes TSV); never inside "

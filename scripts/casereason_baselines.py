@@ -16,12 +16,12 @@ import json
 import time
 from pathlib import Path
 
-from case_env.bank.build import write
 from case_env.bench.process import ServerProcess
-from case_env.casereason.bank import build
-from case_env.casereason.cases import read_file
-from case_env.casereason.evaluate import run_casereason_eval
-from case_env.casereason.synth import write_cases
+from case_env.core.bank import write
+from case_env.envs.casereason.bank import build
+from case_env.envs.casereason.cases import read_file
+from case_env.envs.casereason.synth import write_cases
+from case_env.eval.runner import run_eval
 
 
 def main() -> None:
@@ -35,20 +35,29 @@ def main() -> None:
     cases = read_file(root / "casereason" / "casereason_synthetic.jsonl").cases
     write(build(cases, args.seed, (1.0, 0.0, 0.0)), args.out / "bank", {"env": "casereason"})
     started, figures = time.perf_counter(), {}
-    with ServerProcess(args.out / "server.log", {"CASE_ENV_DATA_ROOT": str(root), "CASE_ENV_CASEREASON_CASES": None,
-                                                 "CASE_ENV_TOKEN": None}) as server:  # fmt: skip
+    with ServerProcess(
+        args.out / "server.log",
+        {"CASE_ENV_DATA_ROOT": str(root), "CASE_ENV_CASEREASON_CASES": None, "CASE_ENV_TOKEN": None},
+    ) as server:
         for agent in ("reader", "symptoms"):
-            results = run_casereason_eval(
-                args.out / "bank" / "train.parquet", server.url, agent, args.out / agent
+            (args.out / agent / "trajectories.jsonl").unlink(missing_ok=True)  # a fresh run each time
+            results = run_eval(
+                args.out / "bank" / "train.parquet", server.url, agent, args.out / agent, progress=False
             )
             figures[agent] = results["overall"]
             o = results["overall"]
             for mode in ("independent", "sequential"):
                 a = o[mode]
-                print(f"{agent:9s} {mode:12s} acc@1 {a['acc@1']:.3f} acc@5 {a['acc@5']:.3f} acc@10 {a['acc@10']:.3f} "
-                      f"recall {o['recall']:.3f} (n={o['n']})")  # fmt: skip
-    summary = {"cases": args.cases, "seed": args.seed, "seconds": round(time.perf_counter() - started, 1),
-               "baselines": figures}  # fmt: skip
+                print(
+                    f"{agent:9s} {mode:12s} acc@1 {a['acc@1']:.3f} acc@5 {a['acc@5']:.3f} acc@10 {a['acc@10']:.3f} "
+                    f"recall {o['recall']:.3f} (n={o['n']})"
+                )
+    summary = {
+        "cases": args.cases,
+        "seed": args.seed,
+        "seconds": round(time.perf_counter() - started, 1),
+        "baselines": figures,
+    }
     (args.out / "baselines.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(f"wrote {args.out / 'baselines.json'}")
 

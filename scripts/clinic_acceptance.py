@@ -17,13 +17,14 @@ import json
 import time
 from pathlib import Path
 
-from case_env.bank.build import write
 from case_env.bench.process import ServerProcess
-from case_env.clinic.bank import build
-from case_env.clinic.evaluate import run_clinic_eval
-from case_env.clinic.noise import NoiseConfig
-from case_env.clinic.report import write_report
-from case_env.clinic.synth import make_cases, write_csv
+from case_env.core import registry
+from case_env.core.bank import write
+from case_env.envs.clinic.bank import build
+from case_env.envs.clinic.noise import NoiseConfig
+from case_env.envs.clinic.synth import make_cases, write_csv
+from case_env.eval.report import write_report
+from case_env.eval.runner import run_eval
 
 LEVELS = {"clean": (0.0, 0.0), "training noise": (0.3, 0.1), "all noise": (1.0, 0.5)}
 AGENTS = ("clinician", "no-exam")
@@ -42,8 +43,10 @@ def main() -> None:
     started = time.perf_counter()
     figures: dict[str, dict] = {}
     runs = []
-    with ServerProcess(args.out / "server.log", {"CASE_ENV_DATA_ROOT": str(root), "CASE_ENV_CLINIC_CASES": None,
-                                                 "CASE_ENV_TOKEN": None}) as server:  # fmt: skip
+    with ServerProcess(
+        args.out / "server.log",
+        {"CASE_ENV_DATA_ROOT": str(root), "CASE_ENV_CLINIC_CASES": None, "CASE_ENV_TOKEN": None},
+    ) as server:
         for level, (patient, exam) in LEVELS.items():
             noise = NoiseConfig(seed=args.noise_seed, patient_rate=patient, exam_rate=exam)
             bank = args.out / "banks" / level.replace(" ", "-")
@@ -54,21 +57,27 @@ def main() -> None:
             )
             for agent in AGENTS:
                 out = args.out / "runs" / f"{level.replace(' ', '-')}-{agent}"
-                if (out / "trajectories.jsonl").exists():
-                    (out / "trajectories.jsonl").unlink()
-                results = run_clinic_eval(bank / "train.parquet", server.url, agent, out, progress=False)
+                (out / "trajectories.jsonl").unlink(missing_ok=True)  # a fresh run each time
+                results = run_eval(bank / "train.parquet", server.url, agent, out, progress=False)
                 figures[f"{agent} / {level}"] = {
                     "overall": results["overall"],
                     "by_noise": results["by_noise"],
                 }
                 runs.append((f"{agent}, {level}", results))
                 o = results["overall"]
-                print(f"{agent:10s} {level:15s} strict {o['accuracy_strict']:.3f} lenient {o['accuracy_lenient']:.3f} "
-                      f"cost {o['cost']:.2f} exams {o['exams']:.2f} turns {o['turns']:.2f} (n={o['n']})")  # fmt: skip
-    write_report(args.out, runs)
-    summary = {"cases": args.cases, "seed": args.seed, "noise_seed": args.noise_seed,
-               "levels": {k: {"patient_rate": v[0], "exam_rate": v[1]} for k, v in LEVELS.items()},
-               "seconds": round(time.perf_counter() - started, 1), "runs": figures}  # fmt: skip
+                print(
+                    f"{agent:10s} {level:15s} strict {o['accuracy_strict']:.3f} lenient {o['accuracy_lenient']:.3f} "
+                    f"cost {o['cost']:.2f} exams {o['exams']:.2f} turns {o['turns']:.2f} (n={o['n']})"
+                )
+    write_report(args.out, registry.get("clinic"), runs, [])
+    summary = {
+        "cases": args.cases,
+        "seed": args.seed,
+        "noise_seed": args.noise_seed,
+        "levels": {k: {"patient_rate": v[0], "exam_rate": v[1]} for k, v in LEVELS.items()},
+        "seconds": round(time.perf_counter() - started, 1),
+        "runs": figures,
+    }
     (args.out / "acceptance.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(f"wrote {args.out / 'acceptance.json'} and {args.out / 'report.html'}")
 

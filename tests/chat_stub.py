@@ -30,5 +30,10 @@ class ScriptedChat:
         reply = self.reply(body["messages"])
         message = reply if isinstance(reply, dict) else {"role": "assistant", "content": reply}
         finish = "tool_calls" if message.get("tool_calls") else "stop"
-        return {"id": "chatcmpl-scripted", "object": "chat.completion", "created": 0, "model": body["model"],
-                "choices": [{"index": 0, "finish_reason": finish, "message": message}]}  # fmt: skip
+        return {
+            "id": "chatcmpl-scripted",
+            "object": "chat.completion",
+            "created": 0,
+            "model": body["model"],
+            "choices": [{"index": 0, "finish_reason": finish, "message": message}],
+        }

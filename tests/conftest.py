@@ -10,8 +10,8 @@ import nibabel as nib
 import numpy as np
 import pytest
 
-from case_env.data import layout
-from case_env.synth.writer import generate_dataset
+from case_env.envs.imaging.data import layout
+from case_env.envs.imaging.synth.writer import generate_dataset
 
 SEED = 11
 PATIENTS = 10  # one of each scenario (scenarios are dealt round-robin)

@@ -15,8 +15,8 @@ import threading
 from fastapi import FastAPI, Request
 from PIL import Image
 
-from case_env.agents import scripted_agent
-from case_env.agents.base import ToolOutput
+from case_env.core.policy import Observation
+from case_env.envs.imaging.agents import scripted_agent
 
 MALFORMED = "bad_0"
 
@@ -38,20 +38,34 @@ class StubModel:
         with self.lock:
             self.tool_names_offered.append({t["function"]["name"] for t in body.get("tools") or []})
         if not any(m["role"] == "assistant" for m in messages):
-            return _reply([{"id": MALFORMED, "type": "function",
-                            "function": {"name": "list_visits", "arguments": "{not json"}}])  # fmt: skip
+            return _reply(
+                [
+                    {
+                        "id": MALFORMED,
+                        "type": "function",
+                        "function": {"name": "list_visits", "arguments": "{not json"},
+                    }
+                ]
+            )
         outputs = self._outputs(messages)
         agent = scripted_agent(extra)
         move = agent.next_call(outputs)
         if move is None:
             return _reply(None, agent.decide(outputs).final_message())
         name, arguments = move
-        return _reply([{"id": f"call_{len(outputs)}", "type": "function",
-                        "function": {"name": name, "arguments": json.dumps(arguments)}}])  # fmt: skip
+        return _reply(
+            [
+                {
+                    "id": f"call_{len(outputs)}",
+                    "type": "function",
+                    "function": {"name": name, "arguments": json.dumps(arguments)},
+                }
+            ]
+        )
 
-    def _outputs(self, messages: list[dict]) -> list[ToolOutput]:
+    def _outputs(self, messages: list[dict]) -> list[Observation]:
         calls: dict[str, tuple[str, dict]] = {}
-        outputs: list[ToolOutput] = []
+        outputs: list[Observation] = []
         for message in messages:
             for call in message.get("tool_calls") or []:
                 if call["id"] != MALFORMED:
@@ -63,7 +77,7 @@ class StubModel:
                         self.malformed_replies += 1
                     continue
                 name, arguments = calls[message["tool_call_id"]]
-                outputs.append(ToolOutput(name, arguments, message["content"]))
+                outputs.append(Observation(name, arguments, message["content"]))
             elif message["role"] == "user" and isinstance(message["content"], list):
                 url = next(p["image_url"]["url"] for p in message["content"] if p["type"] == "image_url")
                 png = base64.b64decode(url.split(",", 1)[1])
@@ -76,8 +90,16 @@ class StubModel:
 
 def _reply(tool_calls: list[dict] | None, content: str | None = None) -> dict:
     return {
-        "id": "chatcmpl-stub", "object": "chat.completion", "created": 0, "model": "stub",
-        "choices": [{"index": 0, "finish_reason": "tool_calls" if tool_calls else "stop",
-                     "message": {"role": "assistant", "content": content, "tool_calls": tool_calls}}],
+        "id": "chatcmpl-stub",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "stub",
+        "choices": [
+            {
+                "index": 0,
+                "finish_reason": "tool_calls" if tool_calls else "stop",
+                "message": {"role": "assistant", "content": content, "tool_calls": tool_calls},
+            }
+        ],
         "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
-    }  # fmt: skip
+    }

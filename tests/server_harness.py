@@ -10,10 +10,12 @@ from pathlib import Path
 
 import uvicorn
 
+from case_env.core import registry
+from case_env.core.environment import Environment
+from case_env.core.tools import ToolSpec
 from case_env.server.app import create_app
 from case_env.server.settings import ServerSettings
 from case_env.settings import DataSettings
-from case_env.tooling import ToolSpec
 
 
 class LiveServer:
@@ -31,12 +33,20 @@ class LiveServer:
 
 @contextmanager
 def live_server(
-    root: Path, tmp: Path, tool_specs: dict[str, ToolSpec] | None = None, **settings
+    root: Path, tmp: Path, environments: list[Environment] | None = None, **settings
 ) -> Iterator[LiveServer]:
     server_settings = ServerSettings(host="127.0.0.1", port=0, audit_log=tmp / "audit.jsonl", **settings)
     data = DataSettings(data_root=root, cache_dir=tmp / "cache")
-    with serve_app(create_app(server_settings, data, tool_specs)) as live:
+    with serve_app(create_app(server_settings, data, environments)) as live:
         yield live
+
+
+def with_tools(name: str, tools: dict[str, ToolSpec]) -> Environment:
+    """A fresh instance of a registered environment serving `tools` instead of its own (a slow tool, a tool
+    that counts its calls)."""
+    env = type(registry.get(name))()
+    env.tools = tools  # the instance's own value in place of the cached property
+    return env
 
 
 @contextmanager

@@ -13,11 +13,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from case_env.bank.build import build
-from case_env.bank.schema import ARROW_SCHEMA
-from case_env.bank.validate import validate
-from case_env.data.store import PatientStore
-from case_env.tooling import load_tools
+from case_env.core import registry
+from case_env.core.bank import ARROW_SCHEMA
+from case_env.core.validate import validate
+from case_env.envs.imaging.bank.build import build
+from case_env.envs.imaging.data.store import PatientStore
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +47,7 @@ def rows(bank: Path) -> list[dict]:
 def test_rows_follow_the_case_schema(bank):
     all_rows = rows(bank)
     assert len(all_rows) >= 70  # about ten per patient over ten patients
-    tools = set(load_tools())
+    tools = set(registry.get("imaging").tools)
     for row in all_rows:
         extra = row["extra"]
         assert row["agent_name"] == "tool_agent" and row["ability"] == "longitudinal_mri_mcq"
@@ -101,8 +101,11 @@ def test_no_option_length_or_middle_value_tell(bank):
     assert longest / len(all_rows) <= 0.25 + 0.1
     ranks = []
     for r in all_rows:
-        values = {k: float(re.sub(r"[^\d.]", "", v)) for k, v in r["extra"]["options"].items()
-                  if re.fullmatch(r"[\d,.]+ (mL|%)", v)}  # fmt: skip
+        values = {
+            k: float(re.sub(r"[^\d.]", "", v))
+            for k, v in r["extra"]["options"].items()
+            if re.fullmatch(r"[\d,.]+ (mL|%)", v)
+        }
         if len(values) == 4:
             ordered = sorted(values, key=values.get)
             ranks.append(ordered.index(r["extra"]["ground_truth"]))
@@ -153,13 +156,21 @@ def _edit_extra(i: int, edit):
     ("change", "message"),
     [
         (lambda t: t[3].__setitem__("extra_info", "{not json"), "row 3: extra_info is not valid JSON"),
-        (lambda t: t[4]["reward_model"].__setitem__("ground_truth", "E"), "row 4: ground truth 'E' is not one of the options"),
-        (_edit_extra(5, lambda e: e["tools_kwargs"].pop("read_report")), "row 5: tools_kwargs lacks tool key(s) read_report"),
+        (
+            lambda t: t[4]["reward_model"].__setitem__("ground_truth", "E"),
+            "row 4: ground truth 'E' is not one of the options",
+        ),
+        (
+            _edit_extra(5, lambda e: e["tools_kwargs"].pop("read_report")),
+            "row 5: tools_kwargs lacks tool key(s) read_report",
+        ),
         (_edit_extra(6, lambda e: e.pop("evidence")), "row 6: extra_info lacks evidence"),
-        (_edit_extra(7, lambda e: e["tools_kwargs"]["list_visits"].__setitem__("create_kwargs", {})),
-         "row 7: tools_kwargs entries without create_kwargs.patient_id: list_visits"),
+        (
+            _edit_extra(7, lambda e: e["tools_kwargs"]["list_visits"].__setitem__("create_kwargs", {})),
+            "row 7: tools_kwargs entries without create_kwargs.patient_id: list_visits",
+        ),
     ],
-)  # fmt: skip
+)
 def test_validate_reports_broken_rows(bank, tmp_path, change, message):
     path = _damaged(bank, tmp_path, change)
     result = run("bank", "validate", str(path))

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from case_env.data.cache import ByteLRU
-from case_env.data.volumetry import (
+from case_env.core.cache import ByteLRU
+from case_env.envs.imaging.data.volumetry import (
     fat_fractions,
     interior,
     label_counts,
@@ -18,7 +18,7 @@ from case_env.data.volumetry import (
     read_volumes,
     write_volumes,
 )
-from case_env.labels import LabelTable
+from case_env.envs.imaging.labels import LabelTable
 
 
 @dataclass

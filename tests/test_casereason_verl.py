@@ -6,20 +6,17 @@ runner agrees on every case."""
 from __future__ import annotations
 
 import asyncio
+import json
 
-import httpx
 import pytest
 from verl.tools.tool_registry import load_all_tools
 
-from case_env.bank.build import write
-from case_env.casereason.agents import Reader
-from case_env.casereason.bank import build
-from case_env.casereason.cases import read_file
-from case_env.casereason.evaluate import sequential
-from case_env.casereason.reward import casereason_score
-from case_env.casereason.synth import write_cases
-from case_env.eval.bank import load_items
-from case_env.verl.config import DEFAULT_PATH
+from case_env.core.bank import write
+from case_env.envs.casereason.bank import build
+from case_env.envs.casereason.cases import read_file
+from case_env.envs.casereason.synth import write_cases
+from case_env.eval.runner import run_eval
+from case_env.verl.config import path_for
 from case_env.verl.dataset import CaseRLHFDataset
 from case_env.verl.offline import build_tokenizer
 from case_env.verl.rollouts import play
@@ -36,44 +33,49 @@ def test_sequential_rows_through_tool_agent_loop_and_reward_manager(dataset, tmp
     write(build(cases, 0, (1.0, 0.0, 0.0), "sequential", K), tmp_path / "bank", {})
     with env(CASE_ENV_CASEREASON_CASES=tmp_path / "cases"), live_server(dataset, tmp_path) as server:
         monkeypatch.setenv("CASE_ENV_URL", server.url)
-        tools = load_all_tools(tool_config_path=str(REPO / DEFAULT_PATH), function_tool_path=None)
-        data = CaseRLHFDataset(data_files=[str(tmp_path / "bank" / "train.parquet")], tokenizer=build_tokenizer(),
-                               config=dataset_config(), processor=None)  # fmt: skip
+        tools = load_all_tools(tool_config_path=str(REPO / path_for("casereason")), function_tool_path=None)
+        data = CaseRLHFDataset(
+            data_files=[str(tmp_path / "bank" / "train.parquet")],
+            tokenizer=build_tokenizer(),
+            config=dataset_config(),
+            processor=None,
+        )
         items = [data[i] for i in range(len(data))]
         assert all(i["agent_name"] == "tool_agent" for i in items)
         assert items[0]["tools_kwargs"]["submit_diagnosis"]["create_kwargs"]["attempts"] == K
 
         outputs, models, scores = asyncio.run(play(items, tools, len(items)))
-        by_id = {i.extra["patient_id"]: i for i in load_items(tmp_path / "bank" / "train.parquet")}
+        run_eval(tmp_path / "bank" / "train.parquet", server.url, "reader", tmp_path / "eval", progress=False)
+        lines = (tmp_path / "eval" / "trajectories.jsonl").read_text().splitlines()
+        episodes = [r for r in map(json.loads, lines) if r["variant"] == "sequential"]
+        by_id = {r["patient_id"]: r for r in episodes}
         correct = recall = 0
-        with httpx.Client(base_url=server.url, timeout=30) as client:
-            for out, model, item, score in zip(outputs, models, items, scores, strict=True):
-                extra = score["reward_extra_info"]
-                assert set(extra) == {
-                    "score",
-                    "acc",
-                    "pred",
-                    "format_ok",
-                    "judge",
-                    "recall",
-                    "attempts",
-                    "first_correct",
-                }
-                submissions = out.extra_fields["case_env_submissions"]
-                assert 1 <= len(submissions) <= K and extra["attempts"] >= len(submissions)
-                assert (
-                    '"name": "submit_diagnosis"' in model.prompts[0]
-                    and '"name": "order_exam"' not in model.prompts[0]
-                )
-                if extra["acc"]:
-                    assert "Correct. Give this diagnosis" in model.prompts[-1]
-                    assert extra["first_correct"] == len(submissions)
-                    assert score["reward_score"] == pytest.approx(1 - (len(submissions) - 1) / K, abs=1e-6)
-                correct += extra["acc"]
-                case = by_id[item["extra_info"]["patient_id"]]
-                reader = Reader(case.extra["patient_id"], case.prompt[-1]["content"])
-                direct = casereason_score(sequential(client, case, reader, K), case.ground_truth, case.extra)
-                assert (direct["acc"], direct["first_correct"]) == (extra["acc"], extra["first_correct"])
-                assert 0 <= extra["recall"] <= 1
-                recall += extra["recall"]
+        for out, model, item, score in zip(outputs, models, items, scores, strict=True):
+            extra = score["reward_extra_info"]
+            assert set(extra) == {
+                "score",
+                "acc",
+                "pred",
+                "format_ok",
+                "judge",
+                "recall",
+                "attempts",
+                "first_correct",
+            }
+            calls = out.extra_fields["case_env_tool_calls"]
+            submissions = [c["arguments"]["diagnosis"] for c in calls if c["tool"] == "submit_diagnosis"]
+            assert 1 <= len(submissions) <= K and extra["attempts"] >= len(submissions)
+            assert (
+                '"name": "submit_diagnosis"' in model.prompts[0]
+                and '"name": "order_exam"' not in model.prompts[0]
+            )
+            if extra["acc"]:
+                assert "Correct. Give this diagnosis" in model.prompts[-1]
+                assert extra["first_correct"] == len(submissions)
+                assert score["reward_score"] == pytest.approx(1 - (len(submissions) - 1) / K, abs=1e-6)
+            correct += extra["acc"]
+            direct = by_id[item["extra_info"]["patient_id"]]["score"]  # the eval runner's episode
+            assert (direct["acc"], direct["first_correct"]) == (extra["acc"], extra["first_correct"])
+            assert 0 <= extra["recall"] <= 1
+            recall += extra["recall"]
         assert correct / len(items) >= 0.9 and recall / len(items) > 0.2

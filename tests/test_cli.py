@@ -67,14 +67,37 @@ def test_bench_data_reports_every_figure(tmp_path):
 
 
 def test_bench_server_measures_both_engines(dataset, tmp_path):
-    result = run("bench", "server", "--data-root", str(dataset), "--out", str(tmp_path / "bench"), "--rollouts", "4",
-                 "--duration", "3", "--warmup", "1", "--workers", "1", "--baseline", "naive")  # fmt: skip
+    result = run(
+        "bench",
+        "server",
+        "--data-root",
+        str(dataset),
+        "--out",
+        str(tmp_path / "bench"),
+        "--rollouts",
+        "4",
+        "--duration",
+        "3",
+        "--warmup",
+        "1",
+        "--workers",
+        "1",
+        "--baseline",
+        "naive",
+    )
     assert result.returncode == 0, result.stderr
     assert "vs naive:" in result.stdout and "targets:" in result.stdout
     figures = json.loads((tmp_path / "bench" / "bench.json").read_text())
     assert set(figures["runs"]) == {"case-env", "naive"}
-    tools = {"list_visits", "get_clinical_context", "get_organ_volume", "compare_organ_volume", "render_slice",
-             "render_comparison", "read_report"}  # fmt: skip
+    tools = {
+        "list_visits",
+        "get_clinical_context",
+        "get_organ_volume",
+        "compare_organ_volume",
+        "render_slice",
+        "render_comparison",
+        "read_report",
+    }
     for engine, run_figures in figures["runs"].items():
         assert run_figures["errors"] == {} and run_figures["calls"] > 0
         # the naive engine may not get through a whole episode in 3 s; the probe afterwards always does
@@ -88,8 +111,9 @@ def test_bench_server_measures_both_engines(dataset, tmp_path):
             assert 0 < tool["p50"] <= tool["p95"] <= tool["p99"]
         assert run_figures["server_cpu_cores"] > 0 and run_figures["server_peak_pss_mb"] > 50
     ratio = figures["ratio_vs_naive"]
-    assert ratio["throughput"] == round(figures["runs"]["case-env"]["calls_per_s"]
-                                        / figures["runs"]["naive"]["calls_per_s"], 1)  # fmt: skip
+    assert ratio["throughput"] == round(
+        figures["runs"]["case-env"]["calls_per_s"] / figures["runs"]["naive"]["calls_per_s"], 1
+    )
     assert ratio["throughput"] > 1 and ratio["unloaded_episode"] > 1  # decoding on every call is slower
     assert set(figures["met"]) == {
         "calls_per_s",
@@ -103,14 +127,41 @@ def test_bench_server_measures_both_engines(dataset, tmp_path):
 
 def test_eval_traj_and_replay_name_bad_input(tmp_path):
     bank = tmp_path / "bank.parquet"
-    result = run("eval", "--bank", str(bank), "--server", "http://127.0.0.1:9", "--agent", "oracle",
-                 "--out", str(tmp_path / "out"))  # fmt: skip
+    result = run(
+        "eval",
+        "--bank",
+        str(bank),
+        "--server",
+        "http://127.0.0.1:9",
+        "--agent",
+        "oracle",
+        "--out",
+        str(tmp_path / "out"),
+    )
     assert result.returncode == 2 and "unknown agent 'oracle'" in result.stderr
-    result = run("eval", "--bank", str(bank), "--server", "http://127.0.0.1:9", "--agent", "random",
-                 "--out", str(tmp_path / "out"))  # fmt: skip
+    result = run(
+        "eval",
+        "--bank",
+        str(bank),
+        "--server",
+        "http://127.0.0.1:9",
+        "--agent",
+        "random",
+        "--out",
+        str(tmp_path / "out"),
+    )
     assert result.returncode == 2 and "does not exist" in result.stderr and "Traceback" not in result.stderr
-    result = run("eval", "--bank", str(bank), "--server", "http://127.0.0.1:9", "--agent", "openai",
-                 "--out", str(tmp_path / "out"))  # fmt: skip
+    result = run(
+        "eval",
+        "--bank",
+        str(bank),
+        "--server",
+        "http://127.0.0.1:9",
+        "--agent",
+        "openai",
+        "--out",
+        str(tmp_path / "out"),
+    )
     assert result.returncode == 2 and "needs --model-url and --model" in result.stderr
     (tmp_path / "traj.jsonl").write_text('{"id": "x", "reward": 1}\n')
     result = run("traj", "to-sft", str(tmp_path / "traj.jsonl"), "--out", str(tmp_path / "sft.parquet"))

@@ -10,10 +10,10 @@ from dataclasses import replace
 
 import pytest
 
-from case_env.clinic.cases import SOURCES, load_cases, read_csv, read_jsonl
-from case_env.clinic.catalogue import EXAMS, ExamError, exam_call, parse_exam_string
-from case_env.clinic.conditions import CONDITIONS, FAMILIES
-from case_env.clinic.synth import CSV_COLUMNS, make_cases, write_csv, write_jsonl
+from case_env.envs.clinic.cases import SOURCES, load_cases, read_csv, read_jsonl
+from case_env.envs.clinic.synth import CSV_COLUMNS, make_cases, write_csv, write_jsonl
+from case_env.medicine.conditions import CONDITIONS, FAMILIES
+from case_env.medicine.exams import EXAMS, ExamError, exam_call, parse_exam_string
 
 
 def test_exam_strings_parse_to_one_canonical_form():
@@ -45,8 +45,23 @@ def test_an_exam_the_catalogue_cannot_express_is_refused_by_name(text, problem):
 
 def test_catalogue_covers_medexagents_exam_names_and_tiers():
     # the 12 groups of MedExAgent's tools (seed-systems.md §2.3) and its EXAM_COST extremes (§2.6)
-    for name in ("xray", "ct", "mri", "pet_scan", "ecg", "cbc", "culture", "urinalysis", "biopsy",
-                 "lumbar_puncture", "endoscopy", "eeg", "pulmonary_function_test", "genetic_test", "audiometry"):  # fmt: skip
+    for name in (
+        "xray",
+        "ct",
+        "mri",
+        "pet_scan",
+        "ecg",
+        "cbc",
+        "culture",
+        "urinalysis",
+        "biopsy",
+        "lumbar_puncture",
+        "endoscopy",
+        "eeg",
+        "pulmonary_function_test",
+        "genetic_test",
+        "audiometry",
+    ):
         assert name in EXAMS
     assert EXAMS["biopsy"].charge == EXAMS["lumbar_puncture"].charge == 6
     assert (
@@ -75,17 +90,46 @@ def test_synthetic_cases_round_trip_through_the_csv_and_jsonl_loaders(tmp_path):
 def test_medexagent_rows_load_and_bad_rows_are_reported(tmp_path):
     path = tmp_path / "train_patients.csv"
     rows = [
-        {"age": "54 years", "gender": "M", "diagnosis": "Pneumonia", "self_reported_symptoms": "Cough and fever.",
-         "exam1": 'xray(region="chest")', "exam1_findings": "Right lower lobe consolidation.",
-         "exam2": 'ct(region="thorax", contrast="yes")', "exam2_findings": "Consolidation.",
-         "exam3": "cbc()", "exam3_findings": "WBC 15.", "source": "ddxplus"},
+        {
+            "age": "54 years",
+            "gender": "M",
+            "diagnosis": "Pneumonia",
+            "self_reported_symptoms": "Cough and fever.",
+            "exam1": 'xray(region="chest")',
+            "exam1_findings": "Right lower lobe consolidation.",
+            "exam2": 'ct(region="thorax", contrast="yes")',
+            "exam2_findings": "Consolidation.",
+            "exam3": "cbc()",
+            "exam3_findings": "WBC 15.",
+            "source": "ddxplus",
+        },
         {"age": "30", "gender": "F", "diagnosis": "", "self_reported_symptoms": "Headache.", "source": "pmc"},
-        {"age": "61", "gender": "F", "diagnosis": "Gout", "self_reported_symptoms": "Toe pain.", "source": "pmc"},
-    ]  # fmt: skip
+        {
+            "age": "61",
+            "gender": "F",
+            "diagnosis": "Gout",
+            "self_reported_symptoms": "Toe pain.",
+            "source": "pmc",
+        },
+    ]
     with path.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, ["age", "gender", "diagnosis", "self_reported_symptoms", "exam1",
-                                         "exam1_findings", "exam2", "exam2_findings", "exam3", "exam3_findings",
-                                         "source", "original_text"])  # fmt: skip
+        writer = csv.DictWriter(
+            handle,
+            [
+                "age",
+                "gender",
+                "diagnosis",
+                "self_reported_symptoms",
+                "exam1",
+                "exam1_findings",
+                "exam2",
+                "exam2_findings",
+                "exam3",
+                "exam3_findings",
+                "source",
+                "original_text",
+            ],
+        )
         writer.writeheader()
         writer.writerows(rows)
     loaded = load_cases([path])
@@ -104,17 +148,34 @@ def test_medexagent_rows_load_and_bad_rows_are_reported(tmp_path):
 
 
 def test_eval_jsonl_exams_come_from_tool_calls_answered_by_tool_messages(tmp_path):
-    record = {"patient_id": 7, "diagnosis": "URTI", "self_reported_symptoms": "Sore throat.",
-              "demographics": {"age": 33, "gender": "F", "race": "", "additional_demographics": ""},
-              "patient_persona": {"personality": {"key": "impatient", "label": "Impatient"},
-                                  "language_proficiency": {"key": "A"}, "recall": {"key": "low"}},
-              "conversation": [
-                  {"role": "system", "content": "..."},
-                  {"role": "assistant", "content": "", "tool_calls": [
-                      {"id": "c1", "type": "function", "function": {"name": "culture", "arguments": '{"source": "throat"}'}},
-                      {"id": "c2", "type": "function", "function": {"name": "cbc", "arguments": "{}"}}]},
-                  {"role": "tool", "tool_call_id": "c1", "content": "No group A streptococcus."},
-                  {"role": "assistant", "content": "[DIAGNOSIS: URTI]"}]}  # fmt: skip
+    record = {
+        "patient_id": 7,
+        "diagnosis": "URTI",
+        "self_reported_symptoms": "Sore throat.",
+        "demographics": {"age": 33, "gender": "F", "race": "", "additional_demographics": ""},
+        "patient_persona": {
+            "personality": {"key": "impatient", "label": "Impatient"},
+            "language_proficiency": {"key": "A"},
+            "recall": {"key": "low"},
+        },
+        "conversation": [
+            {"role": "system", "content": "..."},
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {
+                        "id": "c1",
+                        "type": "function",
+                        "function": {"name": "culture", "arguments": '{"source": "throat"}'},
+                    },
+                    {"id": "c2", "type": "function", "function": {"name": "cbc", "arguments": "{}"}},
+                ],
+            },
+            {"role": "tool", "tool_call_id": "c1", "content": "No group A streptococcus."},
+            {"role": "assistant", "content": "[DIAGNOSIS: URTI]"},
+        ],
+    }
     path = tmp_path / "ddxplus_test.jsonl"
     path.write_text(json.dumps(record) + "\n\n{not json}\n[1]\n")
     loaded = read_jsonl(path)
@@ -140,11 +201,11 @@ def test_findings_match_strictly_by_every_parameter():
 
 
 def test_clinic_bank_rows_follow_the_schema_and_hide_the_answer(tmp_path):
-    from case_env.bank.build import write
-    from case_env.bank.validate import validate
-    from case_env.clinic.bank import build
-    from case_env.clinic.noise import NoiseConfig
-    from case_env.tooling import load_tools
+    from case_env.core import registry
+    from case_env.core.bank import write
+    from case_env.core.validate import validate
+    from case_env.envs.clinic.bank import build
+    from case_env.envs.clinic.noise import NoiseConfig
 
     cases = make_cases(40, seed=2)
     noise = NoiseConfig(seed=9, patient_rate=0.5, exam_rate=0.2)
@@ -163,9 +224,11 @@ def test_clinic_bank_rows_follow_the_schema_and_hide_the_answer(tmp_path):
             case = by_id[extra["patient_id"]]
             assert row["data_source"] == "clinic_synthetic" and row["agent_name"] == "tool_agent"
             assert row["reward_model"]["ground_truth"] == case.diagnosis == extra["ground_truth"]
-            assert set(extra["tools_kwargs"]) == set(load_tools())
-            assert all(v["create_kwargs"] == {"patient_id": case.case_id, "noise": noise.model_dump()}
-                       for v in extra["tools_kwargs"].values())  # fmt: skip
+            assert set(extra["tools_kwargs"]) == set(registry.get("clinic").tools)
+            assert all(
+                v["create_kwargs"] == {"patient_id": case.case_id, "noise": noise.model_dump()}
+                for v in extra["tools_kwargs"].values()
+            )
             assert extra["tool_selection"] == ["ask_patient", "order_exam"]
             assert extra["clinic"]["exams"] == [e.call.key() for e in case.exams]
             noisy += bool(extra["noise"]["labels"])

@@ -9,9 +9,9 @@ from dataclasses import replace
 
 import pytest
 
-from case_env.clinic.cases import Persona
-from case_env.clinic.context import Exchange
-from case_env.clinic.noise import (
+from case_env.envs.clinic.cases import Persona
+from case_env.envs.clinic.context import Exchange
+from case_env.envs.clinic.noise import (
     EXAM_NOISE,
     PATIENT_NOISE,
     NoiseConfig,
@@ -22,16 +22,26 @@ from case_env.clinic.noise import (
     symptom_units,
     told_units,
 )
-from case_env.clinic.patient import RulePatient
-from case_env.clinic.synth import make_cases
+from case_env.envs.clinic.patient import RulePatient
+from case_env.envs.clinic.synth import make_cases
 
 CASES = make_cases(120, seed=0)
 MI = next(c for c in CASES if c.diagnosis == "myocardial infarction")
-PLAIN = replace(MI, persona=Persona("plain", "C", "high"),
-                symptoms="I have a severe crushing pain in my chest. It started 3 hours ago. I get short of breath. "
-                         "The pain goes down my left arm.")  # fmt: skip
-QUESTIONS = ["Hello, what brings you in?", "What else have you noticed?", "Anything else?", "Do you have a fever?",
-             "Does the pain go anywhere?", "How long has this been going on?", "Any medical history?"]  # fmt: skip
+PLAIN = replace(
+    MI,
+    persona=Persona("plain", "C", "high"),
+    symptoms="I have a severe crushing pain in my chest. It started 3 hours ago. I get short of breath. "
+    "The pain goes down my left arm.",
+)
+QUESTIONS = [
+    "Hello, what brings you in?",
+    "What else have you noticed?",
+    "Anything else?",
+    "Do you have a fever?",
+    "Does the pain go anywhere?",
+    "How long has this been going on?",
+    "Any medical history?",
+]
 
 
 def converse(patient: RulePatient, questions=QUESTIONS) -> list[str]:
@@ -57,8 +67,10 @@ def test_answers_depend_only_on_the_case_plan_question_and_history():
     first = converse(RulePatient(MI, plan))
     assert converse(RulePatient(MI, plan_noise(MI, NoiseConfig(seed=5, patient_rate=1.0)))) == first
     # a fresh interpreter (another worker) gives the same answers: no hash seeds or process state involved
-    code = ("from tests.test_clinic_patient import *; "
-            "print(converse(RulePatient(MI, plan_noise(MI, NoiseConfig(seed=5, patient_rate=1.0)))))")  # fmt: skip
+    code = (
+        "from tests.test_clinic_patient import *; "
+        "print(converse(RulePatient(MI, plan_noise(MI, NoiseConfig(seed=5, patient_rate=1.0)))))"
+    )
     other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert other.strip() == str(first)
     # the answer to a question is the same whether the history arrives whole or was built up call by call
@@ -75,8 +87,9 @@ def test_persona_colours_the_answer_without_changing_the_facts():
     assert facts[1] in impatient[1]
     broken = converse(RulePatient(replace(PLAIN, persona=Persona("plain", "A", "high")), NoisePlan()))
     assert broken[0] == "I have severe crushing pain in my chest. It started 3 hours ago."
-    forgetful = RulePatient(replace(PLAIN, persona=Persona("plain", "C", "low"), history="asthma; gout; eczema"),
-                            NoisePlan())  # fmt: skip
+    forgetful = RulePatient(
+        replace(PLAIN, persona=Persona("plain", "C", "low"), history="asthma; gout; eczema"), NoisePlan()
+    )
     assert (
         forgetful.answer("Any past medical history?", [])
         == "I don't remember all of it. There's asthma, I think."
@@ -131,8 +144,11 @@ def test_each_unit_bound_patient_noise_distorts_its_symptom_every_time_it_is_tol
 def test_turn_bound_patient_noise_fires_on_its_turn_only():
     vague = converse(RulePatient(PLAIN, _plan("vague_answer", turn=1)))
     clean = converse(RulePatient(PLAIN, NoisePlan()))
-    assert vague[1] in ("I can't quite remember, to be honest.", "Hmm, I'm not sure. It's hard to say.",
-                        "I don't really know how to describe it.")  # fmt: skip
+    assert vague[1] in (
+        "I can't quite remember, to be honest.",
+        "Hmm, I'm not sure. It's hard to say.",
+        "I don't really know how to describe it.",
+    )
     assert vague[2] == clean[1]  # what the vague answer held back comes out on the next open question
     selfdx = converse(RulePatient(PLAIN, _plan("self_diagnosis", turn=0)))
     assert selfdx[0].startswith(clean[0]) and "I looked it up online and I think it's" in selfdx[0]
@@ -143,7 +159,8 @@ def test_plans_are_per_case_and_seed_and_follow_the_rates():
     config = NoiseConfig(seed=42, patient_rate=0.3, exam_rate=0.1)
     plans = [plan_noise(c, config) for c in CASES]
     assert [p.metadata(c) for p, c in zip(plans, CASES, strict=True)] == [
-        plan_noise(c, config).metadata(c) for c in CASES]  # fmt: skip
+        plan_noise(c, config).metadata(c) for c in CASES
+    ]
     noisy_patients = sum(bool(p.patient) for p in plans) / len(CASES)
     exams = sum(len(c.exams) for c in CASES)
     noisy_exams = sum(len(p.exams) for p in plans) / exams

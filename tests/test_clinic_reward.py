@@ -7,10 +7,11 @@ import json
 
 import pytest
 
-from case_env.clinic.catalogue import parse_exam_string
-from case_env.clinic.diagnosis import conditions, count_matches, judge, judge_messages, same_condition
-from case_env.clinic.reward import appropriateness, clinic_score, cost_penalty, ordered_exams
-from case_env.llm import ChatClient, LLMSettings
+from case_env.core.calls import executed_calls
+from case_env.core.llm import ChatClient, LLMSettings
+from case_env.envs.clinic.reward import appropriateness, clinic_score, cost_penalty, ordered_exams
+from case_env.medicine.diagnosis import conditions, count_matches, judge, judge_messages, same_condition
+from case_env.medicine.exams import parse_exam_string
 from case_env.reward import compute_score
 from tests.chat_stub import ScriptedChat
 from tests.server_harness import serve_app
@@ -88,9 +89,15 @@ def test_exam_appropriateness_credits_the_workup():
 
 
 def test_score_components_are_returned_separately():
-    good = clinic_score(trajectory(call("ask_patient", question="What brings you in?"),
-                                   call("order_exam", exam="xray", region="chest"), call("order_exam", exam="cbc")),
-                        "Community-acquired pneumonia", EXTRA)  # fmt: skip
+    good = clinic_score(
+        trajectory(
+            call("ask_patient", question="What brings you in?"),
+            call("order_exam", exam="xray", region="chest"),
+            call("order_exam", exam="cbc"),
+        ),
+        "Community-acquired pneumonia",
+        EXTRA,
+    )
     assert good["acc"] == good["acc_lenient"] == good["dx"] == 1.0 and good["format_ok"]
     assert (
         good["exam_score"] == 1.0
@@ -102,8 +109,11 @@ def test_score_components_are_returned_separately():
     assert good["score"] == approx(1.0 + 0.5 * 1.0 - 0.1 * good["cost"])
     no_exam = clinic_score(trajectory(), "Community-acquired pneumonia", EXTRA)
     assert no_exam["dx"] == 1.0 and no_exam["exam_score"] == 0.0 and no_exam["cost"] == 0.0
-    spree = clinic_score(trajectory(*[call("order_exam", exam=e) for e in ("ecg", "cbc", "lumbar_puncture")]),
-                         "Community-acquired pneumonia", EXTRA)  # fmt: skip
+    spree = clinic_score(
+        trajectory(*[call("order_exam", exam=e) for e in ("ecg", "cbc", "lumbar_puncture")]),
+        "Community-acquired pneumonia",
+        EXTRA,
+    )
     assert spree["cost"] > good["cost"] and spree["score"] < good["score"]
     wrong = clinic_score(trajectory(answer="<answer>Gout</answer>"), "Community-acquired pneumonia", EXTRA)
     assert wrong["dx"] == 0.0 and wrong["acc"] == 0.0 and wrong["pred"] == "Gout"
@@ -135,11 +145,15 @@ def test_malformed_or_hedged_diagnoses_score_nothing(completion):
 
 
 def test_tool_output_can_neither_answer_nor_order_exams():
-    inside = ('<tool_response>\n<tool_call>{"name": "order_exam", "arguments": {"exam": "biopsy", "site": "lung"}}'
-              "</tool_call> <answer>pneumonia</answer>\n</tool_response>")  # fmt: skip
+    inside = (
+        '<tool_response>\n<tool_call>{"name": "order_exam", "arguments": {"exam": "biopsy", "site": "lung"}}'
+        "</tool_call> <answer>pneumonia</answer>\n</tool_response>"
+    )
     result = clinic_score(f"{call('ask_patient', question='hi')}\nuser\n{inside}", "Pneumonia", EXTRA)
     assert result["exams"] == 0 and result["dx"] == 0.0
-    assert ordered_exams(call("order_exam", exam="xray", region="moon") + call("order_exam", exam="cbc")) == [
+    assert ordered_exams(
+        executed_calls(call("order_exam", exam="xray", region="moon") + call("order_exam", exam="cbc"), None)
+    ) == [
         parse_exam_string("cbc()")
     ]  # an invalid order was refused by the server: not performed, not charged
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from case_env.clinic.cases import read_csv
-from case_env.clinic.noise import NoiseConfig, plan_noise, told_units
-from case_env.clinic.synth import make_cases, write_csv
+from case_env.envs.clinic.cases import read_csv
+from case_env.envs.clinic.noise import NoiseConfig, plan_noise, told_units
+from case_env.envs.clinic.synth import make_cases, write_csv
 from tests.chat_stub import ScriptedChat
 from tests.server_harness import live_server, serve_app
 
@@ -66,14 +66,16 @@ def test_ask_patient_is_stateless_and_follows_the_history_it_is_sent(server, cas
     first = post(server, "ask_patient", case.case_id, "ep-ask", {"question": "What brings you in?"}).json()
     assert first["ok"] and case.symptoms.split(".")[0] in first["text"]
     history = [{"question": "What brings you in?", "answer": first["text"]}]
-    more = post(server, "ask_patient", case.case_id, "ep-ask", {"question": "Anything else?"},
-                {"history": history}).json()  # fmt: skip
+    more = post(
+        server, "ask_patient", case.case_id, "ep-ask", {"question": "Anything else?"}, {"history": history}
+    ).json()
     fresh = post(server, "ask_patient", case.case_id, "ep-ask", {"question": "Anything else?"}).json()
     assert more["ok"] and more["text"] != fresh["text"]  # the history, not server state, decides
     assert fresh["text"] == first["text"]  # without history, "anything else" opens the conversation again
     # the same call again is the same answer (a retried or restarted call is idempotent)
-    again = post(server, "ask_patient", case.case_id, "ep-other", {"question": "Anything else?"},
-                 {"history": history}).json()  # fmt: skip
+    again = post(
+        server, "ask_patient", case.case_id, "ep-other", {"question": "Anything else?"}, {"history": history}
+    ).json()
     assert again["text"] == more["text"]
 
 
@@ -85,20 +87,41 @@ def test_noise_comes_from_the_context_and_matches_the_plan(server, cases_csv):
         if not {"body_part_swap", "symptom_confusion", "severity_change"} & kinds:
             continue
         told = [u for u in told_units(case, plan) if u]
-        answer = post(server, "ask_patient", case.case_id, f"ep-noise-{case.case_id}",
-                      {"question": "What brings you in?"}, {"noise": noise}).json()["text"]  # fmt: skip
+        answer = post(
+            server,
+            "ask_patient",
+            case.case_id,
+            f"ep-noise-{case.case_id}",
+            {"question": "What brings you in?"},
+            {"noise": noise},
+        ).json()["text"]
         if any(n.turn == 0 for n in plan.patient if n.kind == "vague_answer"):
             continue
         assert told[0].rstrip(".") in answer
-        clean = post(server, "ask_patient", case.case_id, f"ep-clean-{case.case_id}",
-                     {"question": "What brings you in?"}).json()["text"]  # fmt: skip
+        clean = post(
+            server,
+            "ask_patient",
+            case.case_id,
+            f"ep-clean-{case.case_id}",
+            {"question": "What brings you in?"},
+        ).json()["text"]
         if plan.patient and any(n.unit == 0 for n in plan.patient):
             assert clean != answer
         exam = case.exams[0]
-        result = post(server, "order_exam", case.case_id, f"ep-noise-{case.case_id}", exam.call.as_arguments(),
-                      {"noise": noise}).json()["text"]  # fmt: skip
-        assert result != post(server, "order_exam", case.case_id, f"ep-clean-{case.case_id}",
-                              exam.call.as_arguments()).json()["text"]  # fmt: skip
+        result = post(
+            server,
+            "order_exam",
+            case.case_id,
+            f"ep-noise-{case.case_id}",
+            exam.call.as_arguments(),
+            {"noise": noise},
+        ).json()["text"]
+        assert (
+            result
+            != post(
+                server, "order_exam", case.case_id, f"ep-clean-{case.case_id}", exam.call.as_arguments()
+            ).json()["text"]
+        )
         return
     pytest.fail("no case with a distorted chief complaint")
 
@@ -114,8 +137,10 @@ def test_order_exam_matches_strictly_and_names_what_was_done(server, cases_csv):
         assert other["text"].endswith("no result. This exam is not part of this patient's recorded work-up.")
     bad = post(server, "order_exam", case.case_id, "ep-exam", {"exam": "xray"}).json()
     assert not bad["ok"] and bad["error"]["code"] == "invalid_arguments"
-    assert bad["text"] == "invalid order: xray needs region (one of head, neck, chest, abdomen, pelvis, spine, " \
-        "upper_extremity, lower_extremity, whole_body)"  # fmt: skip
+    assert (
+        bad["text"] == "invalid order: xray needs region (one of head, neck, chest, abdomen, pelvis, spine, "
+        "upper_extremity, lower_extremity, whole_body)"
+    )
     wrong = post(server, "order_exam", case.case_id, "ep-exam", {"exam": "cbc", "region": "chest"}).json()
     assert wrong["text"] == "invalid order: cbc does not take region (it takes no parameters)"
     enum = post(server, "order_exam", case.case_id, "ep-exam", {"exam": "x-ray"}).json()
@@ -126,7 +151,10 @@ def test_environments_do_not_mix_and_scope_holds(server, cases_csv, dataset):
     case = read_csv(cases_csv).cases[1]
     imaging = post(server, "list_visits", case.case_id, "ep-mix", {}).json()
     assert not imaging["ok"] and imaging["error"]["code"] == "not_available"
-    assert imaging["text"] == "list_visits is an imaging tool; this patient is a clinic case without images"
+    assert (
+        imaging["text"]
+        == "list_visits is an imaging tool; this patient is a clinic case, not an imaging case"
+    )
     clinic = post(server, "ask_patient", "case0001", "ep-mix-2", {"question": "hi"}).json()
     assert clinic["error"]["code"] == "not_available" and "not a clinic case" in clinic["text"]
     unknown = post(server, "examine", case.case_id, "ep-mix-3", {}).json()
@@ -143,17 +171,33 @@ def test_environments_do_not_mix_and_scope_holds(server, cases_csv, dataset):
 
 
 def test_score_route_returns_the_clinic_components(server):
-    completion = ('<tool_call>\n{"name": "order_exam", "arguments": {"exam": "cbc"}}\n</tool_call>\nuser\n'
-                  "<tool_response>\n...\n</tool_response>\n<answer>gout</answer>")  # fmt: skip
-    body = {"data_source": "clinic_synthetic", "solution_str": completion, "ground_truth": "Gout",
-            "extra_info": {"clinic": {"exams": ["cbc()", "arthrocentesis()"]}}}  # fmt: skip
+    completion = (
+        '<tool_call>\n{"name": "order_exam", "arguments": {"exam": "cbc"}}\n</tool_call>\nuser\n'
+        "<tool_response>\n...\n</tool_response>\n<answer>gout</answer>"
+    )
+    body = {
+        "data_source": "clinic_synthetic",
+        "solution_str": completion,
+        "ground_truth": "Gout",
+        "extra_info": {"clinic": {"exams": ["cbc()", "arthrocentesis()"]}},
+    }
     reply = httpx.post(f"{server.url}/v1/score", json=body, timeout=10).json()
     assert reply["score"] == pytest.approx(1.0 + 0.5 * 0.5 - 0.1 * (2 / 6 * 0.25), abs=1e-5)
     assert reply["acc"] == 1.0 and reply["pred"] == "gout" and reply["format_ok"]
-    assert reply["clinic"]["exams"] == 1 and reply["clinic"]["exams_necessary"] == 2
-    imaging = httpx.post(f"{server.url}/v1/score", json={"data_source": "vista3d_opsd", "ground_truth": "B",
-                                                          "solution_str": "<answer>B</answer>"}, timeout=10).json()  # fmt: skip
-    assert imaging == {"score": 1.0, "acc": 1.0, "pred": "B", "format_ok": True}  # no clinic key
+    assert reply["env"] == "clinic"
+    assert reply["components"]["exams"] == 1 and reply["components"]["exams_necessary"] == 2
+    imaging = httpx.post(
+        f"{server.url}/v1/score",
+        json={"data_source": "vista3d_opsd", "ground_truth": "B", "solution_str": "<answer>B</answer>"},
+        timeout=10,
+    ).json()
+    assert imaging == {
+        "env": "imaging",
+        "score": 1.0,
+        "acc": 1.0,
+        "pred": "B",
+        "format_ok": True,
+    }  # no components
 
 
 @pytest.mark.parametrize(
@@ -175,9 +219,15 @@ def test_a_malformed_context_is_refused_by_name(server, cases_csv, context, prob
 def test_llm_patient_is_cached_falls_back_to_rules_and_never_sees_the_answer(dataset, cases_csv, tmp_path):
     case = read_csv(cases_csv).cases[0]
     chat = ScriptedChat(lambda messages: "Oh, it's my chest, doctor. It hurts.")
-    with serve_app(chat.app) as llm, env(CASE_ENV_CLINIC_CASES=cases_csv, CASE_ENV_CLINIC_PATIENT_URL=f"{llm.url}/v1",
-                                          CASE_ENV_CLINIC_PATIENT_CACHE=tmp_path / "patient.sqlite"), \
-            live_server(dataset, tmp_path) as server:  # fmt: skip
+    with (
+        serve_app(chat.app) as llm,
+        env(
+            CASE_ENV_CLINIC_CASES=cases_csv,
+            CASE_ENV_CLINIC_PATIENT_URL=f"{llm.url}/v1",
+            CASE_ENV_CLINIC_PATIENT_CACHE=tmp_path / "patient.sqlite",
+        ),
+        live_server(dataset, tmp_path) as server,
+    ):
         question = {"question": "What brings you in?"}
         first = post(server, "ask_patient", case.case_id, "ep-llm", question, {"noise": {"seed": 1}}).json()
         second = post(
@@ -198,9 +248,15 @@ def test_llm_patient_is_cached_falls_back_to_rules_and_never_sees_the_answer(dat
         post(server, "ask_patient", case.case_id, "ep-llm", {"question": "Since when?"}, {"history": history})
         assert [m["role"] for m in chat.requests[-1]["messages"]] == ["system", "user", "assistant", "user"]
     slow = ScriptedChat(lambda messages: "too late", delay_s=3.0)
-    with serve_app(slow.app) as llm, env(CASE_ENV_CLINIC_CASES=cases_csv, CASE_ENV_CLINIC_PATIENT_URL=f"{llm.url}/v1",
-                                          CASE_ENV_CLINIC_PATIENT_TIMEOUT_S="0.5"), \
-            live_server(dataset, tmp_path / "slow") as server:  # fmt: skip
+    with (
+        serve_app(slow.app) as llm,
+        env(
+            CASE_ENV_CLINIC_CASES=cases_csv,
+            CASE_ENV_CLINIC_PATIENT_URL=f"{llm.url}/v1",
+            CASE_ENV_CLINIC_PATIENT_TIMEOUT_S="0.5",
+        ),
+        live_server(dataset, tmp_path / "slow") as server,
+    ):
         answer = post(
             server, "ask_patient", case.case_id, "ep-slow", {"question": "What brings you in?"}
         ).json()
@@ -210,65 +266,117 @@ def test_llm_patient_is_cached_falls_back_to_rules_and_never_sees_the_answer(dat
 def _clinician_model(messages: list[dict]) -> dict:
     """The scripted clinician behind the chat protocol: its moves are rebuilt from the conversation. Its first
     reply is a tool call with broken JSON arguments, which the client must survive."""
-    from case_env.clinic.agents import Clinician, Move
+    from case_env.core.policy import Observation
+    from case_env.envs.clinic.agents import Clinician
 
     if not any(m["role"] == "assistant" for m in messages):
-        return {"role": "assistant", "content": "", "tool_calls": [
-            {"id": "bad", "type": "function", "function": {"name": "ask_patient", "arguments": "{oops"}}]}  # fmt: skip
+        return {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"id": "bad", "type": "function", "function": {"name": "ask_patient", "arguments": "{oops"}}
+            ],
+        }
     calls, moves = {}, []
     for m in messages:
         for c in m.get("tool_calls") or []:
             calls[c["id"]] = c["function"]
         if m["role"] == "tool" and m["tool_call_id"] != "bad":
             function = calls[m["tool_call_id"]]
-            moves.append(Move(function["name"], json.loads(function["arguments"]), m["content"]))
+            moves.append(Observation(function["name"], json.loads(function["arguments"]), m["content"]))
     prompt = "\n".join(m["content"] for m in messages[:2])
-    move = Clinician(prompt).next_move(moves)
-    if move.tool is None:
+    move = Clinician(prompt).next_turn(moves)
+    if move.call is None:
         return {"role": "assistant", "content": move.text}
-    call = {"id": f"c{len(moves)}", "type": "function",
-            "function": {"name": move.tool, "arguments": json.dumps(move.arguments)}}  # fmt: skip
+    name, arguments = move.call
+    call = {
+        "id": f"c{len(moves)}",
+        "type": "function",
+        "function": {"name": name, "arguments": json.dumps(arguments)},
+    }
     return {"role": "assistant", "content": "", "tool_calls": [call]}
 
 
 def test_openai_clinician_through_the_chat_protocol_matches_the_scripted_one(server, cases_csv, tmp_path):
-    from case_env.bank.build import write
-    from case_env.clinic.bank import build
-    from case_env.clinic.evaluate import run_clinic_eval
+    from case_env.core.bank import write
+    from case_env.envs.clinic.bank import build
     from case_env.eval.openai_agent import ModelSettings
+    from case_env.eval.runner import run_eval
 
-    write(build(read_csv(cases_csv).cases, 0, (1.0, 0.0, 0.0), NoiseConfig(seed=1, patient_rate=0.5, exam_rate=0.3)),
-          tmp_path / "bank", {})  # fmt: skip
+    write(
+        build(
+            read_csv(cases_csv).cases,
+            0,
+            (1.0, 0.0, 0.0),
+            NoiseConfig(seed=1, patient_rate=0.5, exam_rate=0.3),
+        ),
+        tmp_path / "bank",
+        {},
+    )
     chat = ScriptedChat(_clinician_model)
     with serve_app(chat.app) as model_server:
         model = ModelSettings(base_url=f"{model_server.url}/v1", model="stub")
-        served = run_clinic_eval(tmp_path / "bank", server.url, "openai", tmp_path / "openai", limit=12,
-                                 model=model, progress=False)  # fmt: skip
-    scripted = run_clinic_eval(tmp_path / "bank", server.url, "clinician", tmp_path / "scripted", limit=12,
-                               progress=False)  # fmt: skip
+        served = run_eval(
+            tmp_path / "bank",
+            server.url,
+            "openai",
+            tmp_path / "openai",
+            limit=12,
+            model=model,
+            progress=False,
+        )
+    scripted = run_eval(
+        tmp_path / "bank", server.url, "clinician", tmp_path / "scripted", limit=12, progress=False
+    )
     assert served["overall"] == scripted["overall"] and served["overall"]["n"] == 12
     offered = {t["function"]["name"] for t in chat.requests[0]["tools"]}
     assert offered == {"ask_patient", "order_exam"}
-    errors = [m for r in chat.requests for m in r["messages"][-1:]
-              if m.get("content", "").startswith("Error: the arguments are not a valid JSON object")]  # fmt: skip
+    errors = [
+        m
+        for r in chat.requests
+        for m in r["messages"][-1:]
+        if m.get("content", "").startswith("Error: the arguments are not a valid JSON object")
+    ]
     assert len(errors) == 12  # every conversation's broken call got an error reply and went on
     with pytest.raises(FileExistsError):
-        run_clinic_eval(tmp_path / "bank", server.url, "clinician", tmp_path / "scripted", progress=False)
-    resumed = run_clinic_eval(tmp_path / "bank", server.url, "clinician", tmp_path / "scripted", limit=12,
-                              resume=True, progress=False)  # fmt: skip
+        run_eval(tmp_path / "bank", server.url, "clinician", tmp_path / "scripted", progress=False)
+    resumed = run_eval(
+        tmp_path / "bank",
+        server.url,
+        "clinician",
+        tmp_path / "scripted",
+        limit=12,
+        resume=True,
+        progress=False,
+    )
     assert resumed == scripted
 
 
 def test_eval_against_a_server_without_the_cases_says_so(server, tmp_path):
-    from case_env.bank.build import write
-    from case_env.clinic.bank import build
+    from case_env.core.bank import write
+    from case_env.envs.clinic.bank import build
 
     write(build(make_cases(3, 0, stem="elsewhere"), 0, (1.0, 0.0, 0.0), NoiseConfig()), tmp_path / "bank", {})
     cli = shutil.which("case-env") or str(Path(os.sys.executable).parent / "case-env")
-    done = subprocess.run([cli, "eval", "--bank", str(tmp_path / "bank"), "--server", server.url, "--agent",
-                           "clinician", "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [
+            cli,
+            "eval",
+            "--bank",
+            str(tmp_path / "bank"),
+            "--server",
+            server.url,
+            "--agent",
+            "clinician",
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2 and "Traceback" not in done.stderr
-    assert "error: the server has no case 'elsewhere-0000" in done.stderr and "--clinic-cases" in done.stderr
+    assert "error: the server has no case 'elsewhere-0000" in done.stderr and "--cases clinic=" in done.stderr
 
 
 def _run(*args: str) -> str:
@@ -282,16 +390,37 @@ def test_eval_acceptance_scripted_clinician_beats_no_exam_and_noise_costs_accura
     root = tmp_path / "root"
     _run("synth", "--env", "clinic", "--out", str(root), "--patients", "150", "--seed", "0")
     _run("bank", "build", "--env", "clinic", "--data-root", str(root), "--out", str(tmp_path / "clean"))
-    _run("bank", "build", "--env", "clinic", "--data-root", str(root), "--out", str(tmp_path / "noisy"),
-         "--patient-noise", "1", "--exam-noise", "0.5")  # fmt: skip
+    _run(
+        "bank",
+        "build",
+        "--env",
+        "clinic",
+        "--data-root",
+        str(root),
+        "--out",
+        str(tmp_path / "noisy"),
+        "--patient-noise",
+        "1",
+        "--exam-noise",
+        "0.5",
+    )
     assert "150 rows" not in _run("bank", "validate", str(tmp_path / "clean" / "train.parquet"))
     results = {}
     with env(CASE_ENV_CLINIC_CASES=root / "clinic"), live_server(dataset, tmp_path / "srv") as server:
         for bank in ("clean", "noisy"):
             for agent in ("clinician", "no-exam"):
                 out = tmp_path / f"{bank}-{agent}"
-                printed = _run("eval", "--bank", str(tmp_path / bank), "--server", server.url, "--agent", agent,
-                               "--out", str(out))  # fmt: skip
+                printed = _run(
+                    "eval",
+                    "--bank",
+                    str(tmp_path / bank),
+                    "--server",
+                    server.url,
+                    "--agent",
+                    agent,
+                    "--out",
+                    str(out),
+                )
                 assert re.search(r"overall\s+150\s", printed)
                 results[bank, agent] = json.loads((out / "results.json").read_text())
     clean, noisy = results["clean", "clinician"]["overall"], results["noisy", "clinician"]["overall"]
@@ -305,7 +434,7 @@ def test_eval_acceptance_scripted_clinician_beats_no_exam_and_noise_costs_accura
     assert {"patient:body_part_swap", "patient:omission", "exam:ambiguity", "any noise"} <= set(noise)
     assert results["clean", "clinician"]["by_noise"].keys() == {"clean", "no noise"}
     record = json.loads((tmp_path / "noisy-clinician" / "trajectories.jsonl").read_text().splitlines()[0])
-    assert record["noise_plan"]["labels"] == record["noise"] and record["turns"] == len(record["moves"]) + 1
+    assert record["noise_plan"]["labels"] == record["noise"] and record["turns"] == record["tool_calls"] + 1
     _check_report_in_chromium(tmp_path / "clean-clinician" / "report.html", tmp_path)
 
 

@@ -9,19 +9,15 @@ from __future__ import annotations
 import asyncio
 import json
 
-import httpx
 import pytest
 from verl.tools.tool_registry import load_all_tools
 
-from case_env.bank.build import write
-from case_env.clinic.agents import Clinician
-from case_env.clinic.bank import build
-from case_env.clinic.evaluate import run_case, transcript
-from case_env.clinic.noise import NoiseConfig
-from case_env.clinic.reward import clinic_score
-from case_env.clinic.synth import make_cases, write_csv
-from case_env.eval.bank import load_items
-from case_env.verl.config import DEFAULT_PATH
+from case_env.core.bank import load_items, write
+from case_env.envs.clinic.bank import build
+from case_env.envs.clinic.noise import NoiseConfig
+from case_env.envs.clinic.synth import make_cases, write_csv
+from case_env.eval.runner import run_eval
+from case_env.verl.config import path_for
 from case_env.verl.dataset import CaseRLHFDataset
 from case_env.verl.offline import build_tokenizer
 from case_env.verl.rollouts import play
@@ -42,12 +38,16 @@ def clinic(tmp_path_factory, dataset):
         yield tmp / "bank", live
 
 
-def test_clinic_rows_through_verl_tool_agent_loop_and_reward_manager(clinic, monkeypatch):
+def test_clinic_rows_through_verl_tool_agent_loop_and_reward_manager(clinic, monkeypatch, tmp_path):
     bank, server = clinic
     monkeypatch.setenv("CASE_ENV_URL", server.url)
-    tools = load_all_tools(tool_config_path=str(REPO / DEFAULT_PATH), function_tool_path=None)
-    data = CaseRLHFDataset(data_files=[str(bank / "train.parquet")], tokenizer=build_tokenizer(),
-                           config=dataset_config(), processor=None)  # fmt: skip
+    tools = load_all_tools(tool_config_path=str(REPO / path_for("clinic")), function_tool_path=None)
+    data = CaseRLHFDataset(
+        data_files=[str(bank / "train.parquet")],
+        tokenizer=build_tokenizer(),
+        config=dataset_config(),
+        processor=None,
+    )
     items = [data[i] for i in range(len(data))][:24]
     for item in items:
         create = item["tools_kwargs"]["ask_patient"]["create_kwargs"]
@@ -55,33 +55,43 @@ def test_clinic_rows_through_verl_tool_agent_loop_and_reward_manager(clinic, mon
         assert item["extra_info"]["tool_selection"] == ["ask_patient", "order_exam"]
 
     outputs, models, scores = asyncio.run(play(items, tools, len(items)))
-    by_key = {i.extra["patient_id"]: i for i in load_items(bank / "train.parquet")}
+    # the same cases through the eval runner
+    run_eval(bank / "train.parquet", server.url, "clinician", tmp_path, limit=len(items), progress=False)
+    records = [json.loads(line) for line in (tmp_path / "trajectories.jsonl").read_text().splitlines()]
+    by_key = {r["patient_id"]: r for r in records}
     correct = 0
-    with httpx.Client(base_url=server.url, timeout=30) as client:
-        for out, model, item, score in zip(outputs, models, items, scores, strict=True):
-            calls = out.extra_fields["case_env_tool_calls"]
-            dialogue = out.extra_fields["case_env_dialogue"]
-            assert calls and not any(c["infra_error"] for c in calls)
-            assert [c["tool"] for c in calls][: len(dialogue)] == ["ask_patient"] * len(dialogue)
-            assert len(dialogue) >= 2 and dialogue[0]["answer"] != dialogue[1]["answer"]
-            # the model was offered only the clinician's tools
-            assert (
-                '"name": "order_exam"' in model.prompts[0]
-                and '"name": "render_slice"' not in model.prompts[0]
-            )
-            extra = score["reward_extra_info"]
-            assert set(extra) == {"score", "acc", "acc_lenient", "dx", "exam_score", "cost", "exams",
-                                  "exams_necessary", "asks", "pred", "format_ok", "judge"}  # fmt: skip
-            assert extra["asks"] == len(dialogue) and extra["format_ok"]
-            correct += extra["acc"]
-            # the same case through the eval runner: the same conversation, the same reward
-            case = by_key[item["extra_info"]["patient_id"]]
-            prompt = "\n".join(m["content"] for m in case.prompt)
-            moves, final = run_case(client, Clinician(prompt), case, max_turns=20)
-            assert [m.observation for m in moves[: len(dialogue)]] == [d["answer"] for d in dialogue]
-            direct = clinic_score(transcript(moves, final), case.ground_truth, case.extra)
-            assert direct["pred"] == extra["pred"] and direct["exams"] == extra["exams"]
-            assert direct["score"] == pytest.approx(score["reward_score"], abs=1e-6)
+    for out, model, item, score in zip(outputs, models, items, scores, strict=True):
+        calls = out.extra_fields["case_env_tool_calls"]
+        dialogue = [c for c in calls if c["tool"] == "ask_patient"]
+        assert calls and not any(c["infra_error"] for c in calls)
+        assert [c["tool"] for c in calls][: len(dialogue)] == ["ask_patient"] * len(dialogue)
+        assert len(dialogue) >= 2 and dialogue[0]["text"] != dialogue[1]["text"]
+        # the model was offered only the clinician's tools
+        assert '"name": "order_exam"' in model.prompts[0] and '"name": "render_slice"' not in model.prompts[0]
+        extra = score["reward_extra_info"]
+        assert set(extra) == {
+            "score",
+            "acc",
+            "acc_lenient",
+            "dx",
+            "exam_score",
+            "cost",
+            "exams",
+            "exams_necessary",
+            "asks",
+            "pred",
+            "format_ok",
+            "judge",
+        }
+        assert extra["asks"] == len(dialogue) and extra["format_ok"]
+        correct += extra["acc"]
+        # the same case through the eval runner: the same conversation, the same reward
+        record = by_key[item["extra_info"]["patient_id"]]
+        replies = [m["content"][-1]["text"] for m in record["messages"] if m["role"] == "tool"]
+        assert replies[: len(dialogue)] == [d["text"] for d in dialogue]
+        direct = record["score"]
+        assert direct["pred"] == extra["pred"] and direct["exams"] == extra["exams"]
+        assert direct["score"] == pytest.approx(score["reward_score"], abs=1e-6)
     assert correct / len(items) >= 0.8
     audit = [json.loads(line) for line in server.state.settings.audit_log.read_text().splitlines()]
     assert {r["tool"] for r in audit} == {"ask_patient", "order_exam"}
@@ -92,7 +102,8 @@ def test_the_adapter_forwards_noise_and_history(clinic, monkeypatch):
     bank, server = clinic
     monkeypatch.setenv("CASE_ENV_URL", server.url)
     tools = {
-        t.name: t for t in load_all_tools(tool_config_path=str(REPO / DEFAULT_PATH), function_tool_path=None)
+        t.name: t
+        for t in load_all_tools(tool_config_path=str(REPO / path_for("clinic")), function_tool_path=None)
     }
     item = load_items(bank / "train.parquet")[0]
     create = item.extra["tools_kwargs"]["ask_patient"]
@@ -117,7 +128,10 @@ def test_the_adapter_forwards_noise_and_history(clinic, monkeypatch):
 
     answers = asyncio.run(conversation())
     assert all(m["status"] == "ok" for _, m in answers)
-    assert [d["question"] for d in agent.extra_fields["case_env_dialogue"]] == [
-        "What brings you in?", "Anything else?", "Anything else?"]  # fmt: skip
+    assert [c["arguments"]["question"] for c in agent.extra_fields["case_env_tool_calls"]] == [
+        "What brings you in?",
+        "Anything else?",
+        "Anything else?",
+    ]
     assert answers[1][0] != answers[0][0]
     assert answers[2][0] != answers[1][0] or "everything" in answers[2][0]

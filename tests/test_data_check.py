@@ -12,7 +12,7 @@ import nibabel as nib
 import numpy as np
 import pytest
 
-from case_env.data import layout
+from case_env.envs.imaging.data import layout
 from tests.conftest import tree_snapshot
 from tests.test_data_store import SUB, copy_patient
 

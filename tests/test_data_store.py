@@ -10,12 +10,12 @@ import nibabel as nib
 import numpy as np
 import pytest
 
-from case_env.data import layout
-from case_env.data.index import channel_of, scan
-from case_env.data.store import PatientStore
-from case_env.errors import DataError, MissingDataError, UnknownPatientError, UnknownVisitError
+from case_env.core.errors import DataError, MissingDataError, UnknownPatientError, UnknownVisitError
+from case_env.envs.imaging.data import layout
+from case_env.envs.imaging.data.index import channel_of, scan
+from case_env.envs.imaging.data.store import PatientStore
+from case_env.envs.imaging.tsv import read_tsv
 from case_env.settings import DataSettings
-from case_env.tsv import read_tsv
 from tests.conftest import image, organ_labels, subjects_by_scenario, tree_snapshot
 
 SUB = "sub-0001"
@@ -228,7 +228,7 @@ def test_scaled_images_keep_native_dtype(dataset, tmp_path):
     img = nib.Nifti1Image(np.asanyarray(src.dataobj) // 2, src.affine)
     img.header.set_slope_inter(2.0, 0.0)
     nib.save(img, path)
-    from case_env.data.nifti import load_volume
+    from case_env.envs.imaging.data.nifti import load_volume
 
     volume = load_volume(path)
     assert volume.data.dtype == np.int16 and volume.slope == 2.0 and volume.intercept == 0.0

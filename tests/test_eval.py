@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from case_env.bank.build import build, write
-from case_env.data.store import PatientStore
+from case_env.core.bank import write
+from case_env.envs.imaging.bank.build import build
+from case_env.envs.imaging.data.store import PatientStore
 from case_env.eval.runner import run_eval
 from case_env.eval.trajectory import FILENAME, read
 from tests.server_harness import live_server
@@ -32,7 +33,7 @@ def server(dataset, tmp_path_factory):
 
 def test_scripted_run_writes_results_and_case_trajectories(bank, server, tmp_path):
     results = run_eval(bank / "test.parquet", server.url, "scripted", tmp_path, concurrency=3, progress=False)
-    assert set(results) == {"overall", "by_data_source", "agent", "bank", "server_version"}
+    assert set(results) == {"env", "overall", "by_data_source", "agent", "bank", "server_version"}
     assert results["agent"] == "scripted" and results["server_version"]
     for source in ("vista3d_opsd", "medboard_opsd"):
         summary = results["by_data_source"][source]
@@ -97,8 +98,9 @@ def test_repeats_roll_each_question_out_several_times_and_resume(bank, server, t
     # each repeat is its own draw: across 5 questions x 3 repeats the letters cannot all agree per question
     assert any(len({r["answer"] for r in rs}) > 1 for rs in by_question.values())
     assert first["overall"]["accuracy"] == round(sum(r["reward"] for r in records) / 15, 4)
-    again = run_eval(bank / "test.parquet", server.url, "random", tmp_path, repeats=4, limit=5, resume=True,
-                     progress=False)  # fmt: skip
+    again = run_eval(
+        bank / "test.parquet", server.url, "random", tmp_path, repeats=4, limit=5, resume=True, progress=False
+    )
     assert again["overall"]["n"] == 20
     assert [r["id"] for r in read(tmp_path / FILENAME)][:15] == ids  # only the fourth repeat was added
     # a damaged line in the middle is named, not skipped: skipping it would silently lose a record
@@ -106,8 +108,16 @@ def test_repeats_roll_each_question_out_several_times_and_resume(bank, server, t
     lines[3] = lines[3][:50] + "\n"
     (tmp_path / FILENAME).write_text("".join(lines))
     with pytest.raises(TrajectoryFormatError, match=f"{FILENAME}:4: not a JSON record"):
-        run_eval(bank / "test.parquet", server.url, "random", tmp_path, repeats=4, limit=5, resume=True,
-                 progress=False)  # fmt: skip
+        run_eval(
+            bank / "test.parquet",
+            server.url,
+            "random",
+            tmp_path,
+            repeats=4,
+            limit=5,
+            resume=True,
+            progress=False,
+        )
 
 
 @pytest.mark.parametrize("agent", ["no-tool", "random"])
@@ -155,13 +165,19 @@ def test_replay_reproduces_every_tool_output_and_reward(bank, server, tmp_path, 
     first = run_eval(bank / "test.parquet", server.url, agent, live, concurrency=2, progress=False)
     # the replay server sees no imaging data at all
     with live_server(tmp_path / "no-data", tmp_path / "replay-server", replay_dir=live) as replayed:
-        again = run_eval(bank / "test.parquet", replayed.url, agent, tmp_path / "again", concurrency=2,
-                         progress=False)  # fmt: skip
+        again = run_eval(
+            bank / "test.parquet", replayed.url, agent, tmp_path / "again", concurrency=2, progress=False
+        )
         with httpx.Client(base_url=replayed.url) as client:
             patient = next(read(live / FILENAME))["patient_id"]
-            reply = client.post("/v1/tools/get_organ_volume", json={
-                "episode_id": "unrecorded", "patient_id": patient,
-                "arguments": {"organ": "left_adrenal_gland", "visit": "follow_up"}}).json()  # fmt: skip
+            reply = client.post(
+                "/v1/tools/get_organ_volume",
+                json={
+                    "episode_id": "unrecorded",
+                    "patient_id": patient,
+                    "arguments": {"organ": "left_adrenal_gland", "visit": "follow_up"},
+                },
+            ).json()
             assert reply["ok"] is False and reply["error"]["code"] == "not_recorded"
             assert "not recorded" in reply["error"]["message"]
             assert client.get("/readyz").json()["ready"] is True
@@ -176,7 +192,7 @@ def test_replay_reproduces_every_tool_output_and_reward(bank, server, tmp_path, 
 
 
 def test_openai_agent_end_to_end_through_a_chat_server(bank, server, tmp_path):
-    from case_env.eval.bank import load_items
+    from case_env.core.bank import load_items
     from case_env.eval.openai_agent import ModelSettings
     from tests.openai_stub import StubModel
     from tests.server_harness import serve_app
@@ -185,8 +201,9 @@ def test_openai_agent_end_to_end_through_a_chat_server(bank, server, tmp_path):
     stub = StubModel({item.prompt[1]["content"]: item.extra for item in items})
     with serve_app(stub.app) as chat:
         model = ModelSettings(base_url=f"{chat.url}/v1", model="stub", max_turns=40)
-        results = run_eval(bank / "test.parquet", server.url, "openai", tmp_path, concurrency=2, progress=False,
-                           model=model)  # fmt: skip
+        results = run_eval(
+            bank / "test.parquet", server.url, "openai", tmp_path, concurrency=2, progress=False, model=model
+        )
     assert results["overall"]["accuracy"] == 1.0 and results["overall"]["n"] == len(items)
     assert stub.malformed_replies >= len(items)  # every conversation recovered from its malformed call
     assert stub.images_seen > 0  # radiologist images reached the model as image parts
@@ -196,11 +213,20 @@ def test_openai_agent_end_to_end_through_a_chat_server(bank, server, tmp_path):
     assert record["messages"][2]["tool_calls"][0]["function"]["arguments"] == "{not json"
     assert all((tmp_path / relative).is_file() for relative in record["images"])
     # a chat transcript replays too: images come back from the user message that followed each tool reply
-    with live_server(tmp_path / "no-data", tmp_path / "replay", replay_dir=tmp_path) as replayed, \
-            serve_app(stub.app) as chat:  # fmt: skip
+    with (
+        live_server(tmp_path / "no-data", tmp_path / "replay", replay_dir=tmp_path) as replayed,
+        serve_app(stub.app) as chat,
+    ):
         model = ModelSettings(base_url=f"{chat.url}/v1", model="stub", max_turns=40)
-        again = run_eval(bank / "test.parquet", replayed.url, "openai", tmp_path / "again", concurrency=2,
-                         progress=False, model=model)  # fmt: skip
+        again = run_eval(
+            bank / "test.parquet",
+            replayed.url,
+            "openai",
+            tmp_path / "again",
+            concurrency=2,
+            progress=False,
+            model=model,
+        )
     assert again["by_data_source"] == results["by_data_source"]
 
 
@@ -227,8 +253,12 @@ def test_report_renders_in_headless_chromium(bank, server, tmp_path):
     assert int(body["images-ok"]) >= 3  # two plots and at least one inline tool image
     assert int(body["table-rows"]) == 3  # one row per persona
     shot = tmp_path / "report.png"
-    subprocess.run([*flags, "--window-size=1200,2200", f"--screenshot={shot}", page], capture_output=True,
-                   timeout=120, check=True)  # fmt: skip
+    subprocess.run(
+        [*flags, "--window-size=1200,2200", f"--screenshot={shot}", page],
+        capture_output=True,
+        timeout=120,
+        check=True,
+    )
     pixels = np.asarray(Image.open(shot).convert("L"))
     assert pixels.shape == (2200, 1200)
     # the page is not blank: text, table borders and plots put dark pixels into many rows of the screenshot

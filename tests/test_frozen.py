@@ -2,8 +2,8 @@
 
 import statistics
 
-from case_env.synth.frozen import FrozenDraw
-from case_env.synth.scenarios import SCENARIOS, scenario_for
+from case_env.core.frozen import FrozenDraw
+from case_env.envs.imaging.synth.scenarios import SCENARIOS, scenario_for
 
 
 def test_pinned_values():

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from case_env.labels import ORGAN_IDS, VISTA3D, LabelTable, organ_name, snake
-from case_env.tsv import TsvError, read_tsv, write_tsv
+from case_env.envs.imaging.labels import ORGAN_IDS, VISTA3D, LabelTable, organ_name, snake
+from case_env.envs.imaging.tsv import TsvError, read_tsv, write_tsv
 
 
 def test_vista3d_table_has_the_published_ids():

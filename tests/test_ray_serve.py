@@ -29,14 +29,34 @@ CALLS = [
 def ray_server(dataset, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ray")
     port = free_port()
-    env = {**os.environ, "CASE_ENV_CACHE_DIR": str(tmp / "cache"), "RAY_ADDRESS": "",
-           "RAY_DISABLE_USAGE_STATS": "1", "RAY_USAGE_STATS_ENABLED": "0"}  # fmt: skip
+    env = {
+        **os.environ,
+        "CASE_ENV_CACHE_DIR": str(tmp / "cache"),
+        "RAY_ADDRESS": "",
+        "RAY_DISABLE_USAGE_STATS": "1",
+        "RAY_USAGE_STATS_ENABLED": "0",
+    }
     env.pop("CASE_ENV_TOKEN", None)
     process = subprocess.Popen(
-        [sys.executable, "-m", "case_env.cli", "serve", "--ray", "--replicas", "2", "--port", str(port),
-         "--data-root", str(dataset)],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "case_env.cli",
+            "serve",
+            "--ray",
+            "--replicas",
+            "2",
+            "--port",
+            str(port),
+            "--data-root",
+            str(dataset),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(process, url, seconds=180)

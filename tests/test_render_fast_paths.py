@@ -10,11 +10,13 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw
 
-from case_env.bench.naive import NaiveImaging, NaiveStore
-from case_env.data.store import PatientStore
-from case_env.imaging import render
-from case_env.imaging.service import Imaging
-from case_env.tooling import ToolContext, load_tools
+from case_env.core import registry
+from case_env.envs.imaging.bench.naive import NaiveImaging, NaiveStore
+from case_env.envs.imaging.context import ImagingContext
+from case_env.envs.imaging.data.store import PatientStore
+from case_env.envs.imaging.store import ImagingStore
+from case_env.envs.imaging.viewer import render
+from case_env.envs.imaging.viewer.service import Imaging
 
 
 @pytest.mark.parametrize("mode", ["L", "RGB"])
@@ -40,8 +42,9 @@ def test_png_falls_back_to_pillow_for_other_modes():
 def test_cached_glyphs_draw_exactly_what_pillow_draws(mode):
     for text in ("R", "I", "baseline (2021-03-04)", "follow_up"):
         expected = Image.new(mode, (160, 30), 40)
-        ImageDraw.Draw(expected).text((4, 2), text, fill=255 if mode == "L" else (255, 255, 255),
-                                      font=render.label_font())  # fmt: skip
+        ImageDraw.Draw(expected).text(
+            (4, 2), text, fill=255 if mode == "L" else (255, 255, 255), font=render.label_font()
+        )
         stamped = Image.new(mode, (160, 30), 40)
         render.stamp_text(stamped, (4, 2), text)
         assert np.array_equal(np.asarray(stamped), np.asarray(expected)), text
@@ -51,12 +54,12 @@ def test_cached_glyphs_draw_exactly_what_pillow_draws(mode):
 
 
 def test_naive_engine_answers_the_same_calls(dataset):
-    tools = load_tools()
+    tools = registry.get("imaging").tools
     fast_store = PatientStore(dataset)
     naive_store = NaiveStore(dataset)
     patient = fast_store.patient_ids()[0]
-    fast = ToolContext(fast_store, Imaging(fast_store), patient)
-    naive = ToolContext(naive_store, NaiveImaging(naive_store), patient)
+    fast = ImagingContext(ImagingStore(fast_store, Imaging(fast_store)), patient)
+    naive = ImagingContext(ImagingStore(naive_store, NaiveImaging(naive_store)), patient)
     for name, arguments in [
         ("list_visits", {}),
         ("read_report", {"visit": "baseline"}),

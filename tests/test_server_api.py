@@ -16,10 +16,11 @@ from openapi_spec_validator import validate
 from pydantic import BaseModel, ConfigDict, Field
 
 from case_env.bench.process import ServerProcess, free_port
-from case_env.data import layout
+from case_env.core import registry
+from case_env.core.tools import ToolResult, ToolSpec, function_parameters
+from case_env.envs.imaging.data import layout
 from case_env.server.episodes import Call, EpisodeStore
-from case_env.tooling import Persona, ToolResult, ToolSpec, function_parameters, load_tools
-from tests.server_harness import live_server
+from tests.server_harness import live_server, with_tools
 from tests.test_data_store import SUB, copy_patient
 
 
@@ -36,12 +37,12 @@ def _slow(ctx, args: SlowArgs) -> ToolResult:
 SLOW = ToolSpec(
     "slow_tool",
     "Takes a while.",
-    (Persona.ANATOMIST,),
+    ("anatomist",),
     SlowArgs,
     _slow,
     function_parameters("slow_tool", SlowArgs),
 )
-WITH_SLOW = {**load_tools(), "slow_tool": SLOW}
+WITH_SLOW = [with_tools("imaging", {**registry.get("imaging").tools, "slow_tool": SLOW})]
 
 
 def post(url: str, tool: str, patient: str = "case0001", episode: str = "e-1", headers=None, **arguments):
@@ -175,8 +176,12 @@ def test_every_call_is_audited_including_refused_ones(server):
     post(server.url, "list_visits", patient="case9999", episode="audited-2")  # 404
     post(server.url, "no_such_tool", patient="case0003", episode="audited")  # ok false
     httpx.post(f"{server.url}/v1/tools/list_visits", json={"patient_id": "case0003"}, timeout=10)  # 422
-    undecodable = httpx.post(f"{server.url}/v1/tools/read_report", content=b'{"a": "\xff"}', timeout=10,
-                             headers={"content-type": "application/json"})  # fmt: skip
+    undecodable = httpx.post(
+        f"{server.url}/v1/tools/read_report",
+        content=b'{"a": "\xff"}',
+        timeout=10,
+        headers={"content-type": "application/json"},
+    )
     assert undecodable.status_code == 422
     lines = audit_lines(server)[before:]
     assert [(line["tool"], line["status"], line["http_status"]) for line in lines] == [
@@ -303,7 +308,7 @@ def test_auth(dataset, tmp_path):
 
 
 def test_overload_answers_429_with_retry_after(dataset, tmp_path):
-    with live_server(dataset, tmp_path, tool_specs=WITH_SLOW, max_in_flight=2, max_queued=0) as live:
+    with live_server(dataset, tmp_path, environments=WITH_SLOW, max_in_flight=2, max_queued=0) as live:
 
         def one(n: int) -> httpx.Response:
             return post(live.url, "slow_tool", episode=f"load-{n}", seconds=1.0)
@@ -321,7 +326,7 @@ def test_overload_answers_429_with_retry_after(dataset, tmp_path):
 
 def test_a_burst_waits_in_the_queue_until_it_is_full_or_waited_too_long(dataset, tmp_path):
     settings = {"max_in_flight": 2, "max_queued": 3, "queue_wait_s": 1.5}
-    with live_server(dataset, tmp_path, tool_specs=WITH_SLOW, **settings) as live:
+    with live_server(dataset, tmp_path, environments=WITH_SLOW, **settings) as live:
 
         def one(n: int) -> tuple[int, float]:
             started = time.monotonic()
@@ -341,7 +346,7 @@ def test_a_burst_waits_in_the_queue_until_it_is_full_or_waited_too_long(dataset,
 
 
 def test_a_slow_call_hits_the_deadline(dataset, tmp_path):
-    with live_server(dataset, tmp_path, tool_specs=WITH_SLOW, tool_deadline_s=0.3) as live:
+    with live_server(dataset, tmp_path, environments=WITH_SLOW, tool_deadline_s=0.3) as live:
         started = time.monotonic()
         response = post(live.url, "slow_tool", episode="slow", seconds=2.0)
         assert time.monotonic() - started < 1.5
@@ -496,7 +501,7 @@ def test_score_route_is_the_reward_function(server):
         body = {"data_source": "vista3d_opsd", "solution_str": solution, "ground_truth": truth}
         response = httpx.post(f"{server.url}/v1/score", json=body, timeout=10)
         assert response.status_code == 200
-        assert response.json() == compute_score("vista3d_opsd", solution, truth)
+        assert response.json() == {"env": "imaging", **compute_score("vista3d_opsd", solution, truth)}
     bad = httpx.post(f"{server.url}/v1/score", json={"solution_str": "x"}, timeout=10)
     assert bad.status_code == 422 and bad.json()["error"]["code"] == "invalid_request"
 
@@ -511,7 +516,7 @@ def test_repeated_calls_answer_from_the_response_cache_until_the_data_changes(da
 
     root = copy_patient(dataset, tmp_path / "root")
     runs = {"render_slice": 0, "read_report": 0}
-    tools = load_tools()
+    tools = registry.get("imaging").tools
 
     def counted(spec: ToolSpec) -> ToolSpec:
         def run(ctx, args):
@@ -521,15 +526,24 @@ def test_repeated_calls_answer_from_the_response_cache_until_the_data_changes(da
         return dataclasses.replace(spec, run=run)
 
     specs = {name: counted(spec) if name in runs else spec for name, spec in tools.items()}
-    app = create_app(ServerSettings(host="127.0.0.1", port=0),
-                     DataSettings(data_root=root, cache_dir=tmp_path / "cache", stat_ttl_s=0), specs)  # fmt: skip
+    app = create_app(
+        ServerSettings(host="127.0.0.1", port=0),
+        DataSettings(data_root=root, cache_dir=tmp_path / "cache", stat_ttl_s=0),
+        [with_tools("imaging", specs)],
+    )
     arguments = {"visit": "baseline", "sequence": "fat", "plane": "coronal", "position": 40}
     with serve_app(app) as live:
         first = post(live.url, "render_slice", episode="g0", **arguments).json()
         # a GRPO group: eight rollouts ask the same thing at once, with the position spelt differently
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
-            group = list(pool.map(lambda n: post(live.url, "render_slice", episode=f"g{n + 1}",
-                                                 **{**arguments, "position": 40.0}).json(), range(8)))  # fmt: skip
+            group = list(
+                pool.map(
+                    lambda n: post(
+                        live.url, "render_slice", episode=f"g{n + 1}", **{**arguments, "position": 40.0}
+                    ).json(),
+                    range(8),
+                )
+            )
         assert all(g["ok"] and g["images"][0]["data_b64"] == first["images"][0]["data_b64"] for g in group)
         assert runs["render_slice"] == 1 and live.state.responses.stats().hits >= 1
         other = post(live.url, "render_slice", episode="g9", **{**arguments, "position": 60}).json()

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from case_env.data import layout
-from case_env.tsv import read_tsv
+from case_env.envs.imaging.data import layout
+from case_env.envs.imaging.tsv import read_tsv
 from tests.conftest import manifest, subjects_by_scenario
 from tests.server_harness import live_server
 
@@ -35,8 +35,9 @@ def call(server):
 
     def _call(tool: str, patient: str, episode: str | None = None, **arguments) -> dict:
         episode = episode or f"ep-{patient}-{next(counter)}"
-        response = client.post(f"/v1/tools/{tool}", json={"episode_id": episode, "patient_id": patient,
-                                                          "arguments": arguments})  # fmt: skip
+        response = client.post(
+            f"/v1/tools/{tool}", json={"episode_id": episode, "patient_id": patient, "arguments": arguments}
+        )
         assert response.status_code == 200, response.text
         return response.json()
 
@@ -189,8 +190,16 @@ def test_render_slice_size_aspect_and_orientation(call):
 
 def test_overlay_outlines_the_right_organs(dataset, call):
     sub = subjects_by_scenario(dataset)["stable_control"]
-    result = call("render_slice", pid(sub), visit="follow_up", sequence="water", plane="axial", organ="liver",
-                  position=60, overlay=True)  # fmt: skip
+    result = call(
+        "render_slice",
+        pid(sub),
+        visit="follow_up",
+        sequence="water",
+        plane="axial",
+        organ="liver",
+        position=60,
+        overlay=True,
+    )
     assert "liver orange" in result["text"] and "spleen sky blue" in result["text"]
     rgb = np.asarray(png(result).convert("RGB"))
     k = int(number(r"slice (\d+) of", result["text"])) - 1
@@ -202,8 +211,19 @@ def test_overlay_outlines_the_right_organs(dataset, call):
         drawn = np.all(rgb == colour, axis=-1)
         assert drawn.sum() > 20
         assert (shown[drawn] == label).mean() > 0.95
-    without = np.asarray(png(call("render_slice", pid(sub), visit="follow_up", sequence="water", plane="axial",
-                                  organ="liver", position=60)).convert("RGB"))  # fmt: skip
+    without = np.asarray(
+        png(
+            call(
+                "render_slice",
+                pid(sub),
+                visit="follow_up",
+                sequence="water",
+                plane="axial",
+                organ="liver",
+                position=60,
+            )
+        ).convert("RGB")
+    )
     assert not np.all(without == (255, 140, 0), axis=-1).any()
 
 
@@ -223,21 +243,24 @@ def test_concurrent_first_touch_loads_each_volume_once(dataset, tmp_path):
     sub = subjects_by_scenario(dataset)["sarcopenia"]
 
     def one(n: int) -> int:
-        body = {"episode_id": f"burst-{n}", "patient_id": pid(sub),
-                "arguments": {"visit": "baseline", "sequence": "in", "plane": "axial", "position": 40}}  # fmt: skip
+        body = {
+            "episode_id": f"burst-{n}",
+            "patient_id": pid(sub),
+            "arguments": {"visit": "baseline", "sequence": "in", "plane": "axial", "position": 40},
+        }
         return httpx.post(f"{server.url}/v1/tools/render_slice", json=body, timeout=60).status_code
 
     with live_server(dataset, tmp_path, warm_patients=False, response_cache_mb=0) as server:
         with concurrent.futures.ThreadPoolExecutor(16) as pool:
             assert list(pool.map(one, range(16))) == [200] * 16
         # One decode of the in-phase volume of each visit (the window pools both), nothing more.
-        assert server.state.store.cache.stats().loads == 2
+        assert server.state.stores["imaging"].patients.cache.stats().loads == 2
 
 
 def test_a_new_patient_is_warmed_in_the_background(dataset, tmp_path):
     sub = subjects_by_scenario(dataset)["stable_control"]
     with live_server(dataset, tmp_path) as server:
-        store = server.state.store
+        store = server.state.stores["imaging"].patients
         assert store.cache.stats().loads == 0
         body = {"episode_id": "warm", "patient_id": pid(sub), "arguments": {}}
         assert httpx.post(f"{server.url}/v1/tools/list_visits", json=body, timeout=60).json()["ok"]
@@ -253,7 +276,10 @@ def test_a_new_patient_is_warmed_in_the_background(dataset, tmp_path):
 
 
 def test_responses_never_carry_paths(dataset, call):
-    for tool, args in [("list_visits", {}), ("read_report", {"visit": "baseline"}),
-                       ("render_slice", {"visit": "baseline", "sequence": "water", "plane": "axial"})]:  # fmt: skip
+    for tool, args in [
+        ("list_visits", {}),
+        ("read_report", {"visit": "baseline"}),
+        ("render_slice", {"visit": "baseline", "sequence": "water", "plane": "axial"}),
+    ]:
         text = json.dumps(call(tool, "case0002", **args))
         assert str(dataset) not in text and "/sub-" not in text

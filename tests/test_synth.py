@@ -8,13 +8,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from case_env.data import layout
-from case_env.data.volumetry import interior
-from case_env.synth.geometry import PROFILES, station_z_ranges
-from case_env.synth.norms import ADULT_RANGES_ML, MEASURED_ORGANS, SPLENOMEGALY_ML
-from case_env.synth.scenarios import SCENARIOS
-from case_env.synth.writer import generate_dataset, write_patient
-from case_env.tsv import read_tsv
+from case_env.envs.imaging.data import layout
+from case_env.envs.imaging.data.volumetry import interior
+from case_env.envs.imaging.synth.geometry import PROFILES, station_z_ranges
+from case_env.envs.imaging.synth.norms import ADULT_RANGES_ML, MEASURED_ORGANS, SPLENOMEGALY_ML
+from case_env.envs.imaging.synth.scenarios import SCENARIOS
+from case_env.envs.imaging.synth.writer import generate_dataset, write_patient
+from case_env.envs.imaging.tsv import read_tsv
 from tests.conftest import (
     PATIENTS,
     SEED,
@@ -176,7 +176,7 @@ def test_generation_is_deterministic(dataset, tmp_path):
 
 
 def test_a_different_seed_gives_different_patients(tmp_path):
-    from case_env.synth.patient import plan_patient
+    from case_env.envs.imaging.synth.patient import plan_patient
 
     a, b = plan_patient(SEED, 0), plan_patient(SEED + 1, 0)
     assert a.anatomy != b.anatomy

@@ -17,10 +17,11 @@ from verl.tools.schemas import OpenAIFunctionToolSchema
 from verl.tools.tool_registry import load_all_tools
 from verl.utils.dataset.rl_dataset import RLHFDataset
 
-from case_env.data.store import PatientStore
-from case_env.tooling import load_tools
+from case_env.core import registry
+from case_env.core.calls import FORMATS, call_text
+from case_env.envs.imaging.data.store import PatientStore
 from case_env.verl import CaseTool
-from case_env.verl.config import DEFAULT_PATH, render
+from case_env.verl.config import path_for, render
 from case_env.verl.dataset import CaseRLHFDataset
 from case_env.verl.offline import (
     ScriptedModel,
@@ -29,7 +30,6 @@ from case_env.verl.offline import (
     loop_config,
     make_loop,
     score_with_verl,
-    tool_call,
 )
 from tests.server_harness import live_server
 from tests.test_server_api import WITH_SLOW
@@ -47,14 +47,20 @@ def server(dataset, tmp_path_factory):
         yield live
 
 
-def test_the_checked_in_tool_yaml_matches_the_registry():
-    assert (REPO / DEFAULT_PATH).read_text() == render(), "run `case-env verl-config` and commit the result"
+BUILT_IN = ("imaging", "clinic", "casereason")
 
 
-def test_verl_loads_one_case_tool_per_registry_tool(monkeypatch):
+@pytest.mark.parametrize("env", BUILT_IN)
+def test_the_checked_in_tool_yaml_matches_the_environment(env):
+    expected = render(registry.get(env))
+    assert (REPO / path_for(env)).read_text() == expected, "run `case-env verl-config` and commit the result"
+
+
+@pytest.mark.parametrize("env", BUILT_IN)
+def test_verl_loads_one_case_tool_per_environment_tool(monkeypatch, env):
     monkeypatch.setenv("CASE_ENV_URL", "http://127.0.0.1:9")  # nothing listens: construction must not connect
-    tools = load_all_tools(tool_config_path=str(REPO / DEFAULT_PATH), function_tool_path=None)
-    assert sorted(t.name for t in tools) == sorted(load_tools())
+    tools = load_all_tools(tool_config_path=str(REPO / path_for(env)), function_tool_path=None)
+    assert sorted(t.name for t in tools) == sorted(registry.get(env).tools)
     assert all(isinstance(t, CaseTool) for t in tools)
     assert tools[0].settings.base_url == "http://127.0.0.1:9" and tools[0].settings.retries == 8
     for tool in tools:
@@ -69,7 +75,7 @@ def test_bank_rows_load_through_rlhf_dataset_with_tool_kwargs_intact(bank):
         processor=None,
     )
     assert isinstance(data, RLHFDataset) and len(data) > 20
-    tools = set(load_tools())
+    tools = set(registry.get("imaging").tools)
     for i in range(len(data)):
         item = data[i]
         extra = item["extra_info"]
@@ -83,20 +89,25 @@ def test_bank_rows_load_through_rlhf_dataset_with_tool_kwargs_intact(bank):
         assert set(extra["tool_selection"]) <= tools
 
 
-def test_concurrent_trajectories_of_every_persona(bank, server, dataset, monkeypatch):
+@pytest.mark.parametrize("form", FORMATS)
+def test_concurrent_trajectories_of_every_persona(bank, server, dataset, monkeypatch, form):
+    """Both of verl's tool-call parsers that Qwen models need: hermes JSON and qwen3_coder XML."""
     monkeypatch.setenv("CASE_ENV_URL", server.url)
-    tools = load_all_tools(tool_config_path=str(REPO / DEFAULT_PATH), function_tool_path=None)
+    tools = load_all_tools(tool_config_path=str(REPO / path_for("imaging")), function_tool_path=None)
     items = rows(bank, per_source=12)
     assert len(items) >= 32
     store = PatientStore(dataset)
     dates = {pid: store.patient(pid).visits[0].acq_date.isoformat() for pid in store.patient_ids()}
 
     async def one(i: int, item: dict):
-        script = script_for(item, correct=i % 2 == 0)
+        script = script_for(item, correct=i % 2 == 0, form=form)
         tokenizer = build_tokenizer()
         model = ScriptedModel(tokenizer, lambda text, images, turn: script[turn])
         loop = make_loop(
-            tools, model, processor=build_processor(tokenizer), config=loop_config(max_turns=len(script))
+            tools,
+            model,
+            processor=build_processor(tokenizer),
+            config=loop_config(max_turns=len(script), form=form),
         )
         out = await loop.run(
             sampling_params={},
@@ -112,6 +123,7 @@ def test_concurrent_trajectories_of_every_persona(bank, server, dataset, monkeyp
         scores = await score_with_verl(build_tokenizer(), [r[0] for r in results], items)
         return results, scores
 
+    audited = len(server.state.settings.audit_log.read_text().splitlines())  # earlier tests' calls
     results, scores = asyncio.run(run_all())
     for i, ((out, model, _), item, score) in enumerate(zip(results, items, scores, strict=True)):
         patient = item["extra_info"]["patient_id"]
@@ -134,7 +146,7 @@ def test_concurrent_trajectories_of_every_persona(bank, server, dataset, monkeyp
             assert len(out.multi_modal_data["images"]) >= 1
     # One episode per trajectory (verl's request_id), each holding one patient: read from the audit log.
     patients_by_episode: dict[str, set] = {}
-    for line in server.state.settings.audit_log.read_text().splitlines():
+    for line in server.state.settings.audit_log.read_text().splitlines()[audited:]:
         record = json.loads(line)
         patients_by_episode.setdefault(record["episode_id"], set()).add(record["patient_id"])
     assert len(patients_by_episode) == len(items)
@@ -145,8 +157,8 @@ def test_concurrent_trajectories_of_every_persona(bank, server, dataset, monkeyp
 
 
 def test_a_slow_server_makes_the_adapter_time_out_retry_and_continue(dataset, tmp_path):
-    schema = OpenAIFunctionToolSchema.model_validate(WITH_SLOW["slow_tool"].openai_schema())
-    with live_server(dataset, tmp_path, tool_specs=WITH_SLOW) as live:
+    schema = OpenAIFunctionToolSchema.model_validate(WITH_SLOW[0].tools["slow_tool"].openai_schema())
+    with live_server(dataset, tmp_path, environments=WITH_SLOW) as live:
         tool = CaseTool(
             {
                 "type": "native",
@@ -161,7 +173,7 @@ def test_a_slow_server_makes_the_adapter_time_out_retry_and_continue(dataset, tm
         )
         # slower than all three attempts together: the server answers identical calls in flight once, so a
         # retry of a call that takes 1 s would collect the first attempt's answer
-        script = [tool_call("slow_tool", {"seconds": 3.0}), "No evidence came back.\n<answer>A</answer>"]
+        script = [call_text("slow_tool", {"seconds": 3.0}), "No evidence came back.\n<answer>A</answer>"]
 
         async def run():
             tokenizer = build_tokenizer()
@@ -190,8 +202,8 @@ def test_a_slow_server_makes_the_adapter_time_out_retry_and_continue(dataset, tm
 
 
 def test_retries_ride_out_overload(dataset, tmp_path):
-    schema = OpenAIFunctionToolSchema.model_validate(WITH_SLOW["slow_tool"].openai_schema())
-    with live_server(dataset, tmp_path, tool_specs=WITH_SLOW, max_in_flight=1, max_queued=0) as live:
+    schema = OpenAIFunctionToolSchema.model_validate(WITH_SLOW[0].tools["slow_tool"].openai_schema())
+    with live_server(dataset, tmp_path, environments=WITH_SLOW, max_in_flight=1, max_queued=0) as live:
         tool = CaseTool(
             {
                 "type": "native",
@@ -232,6 +244,8 @@ def test_launch_script_dry_run_composes_verls_config(bank):
             str(bank),
             "--gpus",
             "8",
+            "--format",
+            "qwen3_coder",
             "trainer.total_training_steps=3",
         ],
         capture_output=True,
@@ -243,6 +257,12 @@ def test_launch_script_dry_run_composes_verls_config(bank):
     assert "dry run: config composed and validated" in result.stdout
     assert "adv_estimator: grpo" in result.stdout and "compute_score" in result.stdout
     assert "agent loop: tool_agent" in result.stdout
+    # the model's tool-call format, and the tool YAML of the bank's environment written beside the bank
+    assert (
+        f"multi_turn.format=qwen3_coder multi_turn.tool_config_path={bank.resolve() / 'verl_tools.yaml'}"
+        in result.stdout
+    )
+    assert (bank / "verl_tools.yaml").read_text() == render(registry.get("imaging"))
     missing = subprocess.run(
         [
             "bash",

@@ -7,10 +7,12 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from case_env.bank.build import build, write
-from case_env.data.store import PatientStore
+from case_env.core.bank import write
+from case_env.core.calls import call_text
+from case_env.envs.imaging.bank.build import build
+from case_env.envs.imaging.data.store import PatientStore
 from case_env.verl.dataset import CaseRLHFDataset
-from case_env.verl.offline import build_tokenizer, tool_call
+from case_env.verl.offline import build_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -50,9 +52,12 @@ def rows(bank: Path, per_source: int) -> list[dict]:
     return [item for items in chosen.values() for item in items]
 
 
-def script_for(item: dict, correct: bool) -> list[str]:
-    """The tool calls of the row's evidence, then the right answer (or the next letter when not `correct`)."""
+def script_for(item: dict, correct: bool, form: str = "hermes") -> list[str]:
+    """The tool calls of the row's evidence in verl's `form`, then the right answer (or the next letter when
+    not `correct`)."""
     extra = item["extra_info"]
-    calls = [tool_call("list_visits", {})] + [tool_call(e["tool"], e["arguments"]) for e in extra["evidence"]]
+    calls = [call_text("list_visits", {}, form)] + [
+        call_text(e["tool"], e["arguments"], form) for e in extra["evidence"]
+    ]
     letter = extra["ground_truth"] if correct else "ABCD"[("ABCD".index(extra["ground_truth"]) + 1) % 4]
     return [*calls, f"The evidence points to option {letter}.\n<answer>{letter}</answer>"]

@@ -50,8 +50,14 @@ class ServerProcess:
     `env` entries override the inherited environment; a value of None removes the variable (so a token or
     audit log set in the caller's shell does not leak into a check)."""
 
-    def __init__(self, log: Path, env: dict[str, str | None], port: int | None = None,
-                 command: list[str] | None = None, log_level: str = "warning"):  # fmt: skip
+    def __init__(
+        self,
+        log: Path,
+        env: dict[str, str | None],
+        port: int | None = None,
+        command: list[str] | None = None,
+        log_level: str = "warning",
+    ):
         self.port = port or free_port()
         self.log = log
         self.command = command or [sys.executable, "-m", "case_env.cli", "serve", "--log-level", log_level]
@@ -75,8 +81,9 @@ class ServerProcess:
     def start(self, ready_s: float = 90.0) -> ServerProcess:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with self.log.open("a") as out:  # the child keeps its own descriptor
-            self.process = subprocess.Popen(self.command, env=self.env, stdout=out, stderr=subprocess.STDOUT,
-                                            start_new_session=True)  # fmt: skip
+            self.process = subprocess.Popen(
+                self.command, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
         wait_ready(self.process, self.url, ready_s, log=self.log)
         return self
 

@@ -1,10 +1,12 @@
-"""A real model behind any OpenAI-compatible chat server (vLLM, SGLang, a hosted API) as an eval agent.
+"""A real model behind any OpenAI-compatible chat server (vLLM, SGLang, a hosted API), as the policy of any
+environment's rows.
 
-The conversation starts from the row's persona prompt and question; the model sees only the row's tool subset.
-Tool text goes back as a `tool` message. Images go back as a user message with an image part right after it,
-because the chat format allows text only in tool messages and vLLM and the hosted APIs follow it. A tool call
-whose arguments are not valid JSON gets an error reply and the model may try again; the server is not
-called. The episode ends at the first reply without a tool call, or when the turn budget runs out.
+The conversation starts from the row's prompt; the model sees only the row's tool subset (none, for a
+single-turn row). Tool text goes back as a `tool` message. Images go back as a user message with an image
+part right after it, because the chat format allows text only in tool messages and vLLM and the hosted APIs
+follow it. A tool call whose arguments are not valid JSON gets an error reply and the model may try again;
+the server is not called. The episode ends at the first reply without a tool call, or when the turn budget
+(every completion requested, retries included) runs out.
 """
 
 from __future__ import annotations
@@ -13,8 +15,7 @@ import base64
 import json
 from dataclasses import dataclass
 
-from case_env.agents.base import Agent, Decision, ToolOutput
-from case_env.reward import final_segment, parse_answer
+from case_env.core.policy import Observation, Turn
 
 
 @dataclass(frozen=True)
@@ -22,41 +23,54 @@ class ModelSettings:
     base_url: str
     model: str
     api_key: str = "EMPTY"
-    max_turns: int = 16
+    max_turns: int | None = None  # None: the environment's turn budget
     timeout_s: float = 120.0
     temperature: float = 0.0
     max_tokens: int = 2048
 
 
-class OpenAIAgent(Agent):
-    def __init__(self, extra: dict, prompt: list[dict], tools: list[dict], settings: ModelSettings, client):
-        super().__init__(extra)
+class OpenAIPolicy:
+    def __init__(
+        self, prompt: list[dict], tools: list[dict], settings: ModelSettings, client, max_turns: int
+    ):
         self.settings = settings
         self.client = client
         self.tools = tools
+        self.max_turns = max_turns
         self.messages: list[dict] = [dict(m) for m in prompt]
-        self.final = ""
         self.turns = 0
-        self._pending: str | None = None  # id of the call whose output has not been sent back yet
         self.malformed = 0
+        self._pending: str | None = None  # id of the call whose output has not been sent back yet
 
-    def next_call(self, outputs: list[ToolOutput]) -> tuple[str, dict] | None:
-        if self._pending is not None and outputs:
-            self._send_back(self._pending, outputs[-1])
+    def next_turn(self, observations: list[Observation]) -> Turn:
+        if self._pending is not None and observations:
+            self._send_back(self._pending, observations[-1])
             self._pending = None
-        while self.turns < self.settings.max_turns:
+        while self.turns < self.max_turns:
             self.turns += 1
-            reply = self.client.chat.completions.create(
-                model=self.settings.model, messages=self.messages, tools=self.tools or None,
-                temperature=self.settings.temperature, max_tokens=self.settings.max_tokens,
-                timeout=self.settings.timeout_s,
-            ).choices[0].message  # fmt: skip
+            reply = (
+                self.client.chat.completions.create(
+                    model=self.settings.model,
+                    messages=self.messages,
+                    tools=self.tools or None,
+                    temperature=self.settings.temperature,
+                    max_tokens=self.settings.max_tokens,
+                    timeout=self.settings.timeout_s,
+                )
+                .choices[0]
+                .message
+            )
             calls = reply.tool_calls or []
-            self.messages.append({"role": "assistant", "content": reply.content or "",
-                                  **({"tool_calls": [c.model_dump() for c in calls[:1]]} if calls else {})})  # fmt: skip
+            content = reply.content or ""
+            self.messages.append(
+                {
+                    "role": "assistant",
+                    "content": content,
+                    **({"tool_calls": [calls[0].model_dump()]} if calls else {}),
+                }
+            )
             if not calls:
-                self.final = reply.content or ""
-                return None
+                return Turn(content)
             call = calls[0]  # one call per turn, as verl's tool_agent loop executes by default
             try:
                 arguments = json.loads(call.function.arguments or "{}")
@@ -64,22 +78,25 @@ class OpenAIAgent(Agent):
                     raise ValueError("arguments must be a JSON object")
             except ValueError as exc:
                 self.malformed += 1
-                self.messages.append({"role": "tool", "tool_call_id": call.id,
-                                      "content": f"Error: the arguments are not a valid JSON object ({exc})."})  # fmt: skip
+                message = f"Error: the arguments are not a valid JSON object ({exc})."
+                self.messages.append({"role": "tool", "tool_call_id": call.id, "content": message})
                 continue
             self._pending = call.id
-            return call.function.name, arguments
-        self.final = ""
-        return None
+            return Turn(content, (call.function.name, arguments))
+        return Turn("")
 
-    def _send_back(self, call_id: str, output: ToolOutput) -> None:
+    def _send_back(self, call_id: str, output: Observation) -> None:
         self.messages.append({"role": "tool", "tool_call_id": call_id, "content": output.text})
         if output.png is not None:
             url = "data:image/png;base64," + base64.b64encode(output.png).decode("ascii")
-            self.messages.append({"role": "user", "content": [
+            image = [
                 {"type": "text", "text": f"Image returned by {output.tool}:"},
-                {"type": "image_url", "image_url": {"url": url}}]})  # fmt: skip
+                {"type": "image_url", "image_url": {"url": url}},
+            ]
+            self.messages.append({"role": "user", "content": image})
 
-    def decide(self, outputs: list[ToolOutput]) -> Decision:
-        letter, _ok = parse_answer(final_segment(self.final))
-        return Decision(letter or "", self.final, text=self.final)
+
+def chat_client(settings: ModelSettings):
+    import openai
+
+    return openai.OpenAI(base_url=settings.base_url, api_key=settings.api_key, max_retries=2)

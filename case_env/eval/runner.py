@@ -1,147 +1,248 @@
-"""Run one agent over a bank against a live server, append each finished item to the trajectory file, and
-summarise. The trajectory file is the run's only state: `--resume` skips what it already holds, so an
-interrupted run continues without redoing work, and results.json is always recomputed from it."""
+"""`case-env eval`: roll a policy over a bank against a live server, for any environment.
+
+The bank's rows name their environment, which supplies everything environment-specific: its scripted
+baselines, how it rolls a row out (`variants`), the episode context its tools need, its reward and its
+summary. This runner does the rest the same way for all of them: one rollout per (row, variant, repeat),
+`concurrency` of them in flight, each call through the shared client (`case_env.core.client`) with the
+episode's context, the calls as they ran handed to the reward as verl hands them, a progress bar, and one
+trajectory record appended per finished rollout. The trajectory file is the run's only state: `--resume`
+skips what it already holds, so an interrupted run continues without redoing work; without `--resume` an
+existing file is never overwritten; results.json and report.html are always recomputed from it.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import io
 import json
-import threading
 import uuid
-from collections import defaultdict
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import httpx
+from PIL import Image
 from tqdm import tqdm
 
-from case_env.agents.base import Agent
-from case_env.agents.direct import run_episode
+from case_env.core import registry
+from case_env.core.bank import Item, load_items
+from case_env.core.calls import FIELD, ExecutedCall
+from case_env.core.client import RetryPolicy, ToolClient
+from case_env.core.environment import Environment, PolicyFactory, Variant
+from case_env.core.policy import Observation, Turn, transcript
 from case_env.eval import trajectory
-from case_env.eval.bank import Item, load_items, reference_rows
-from case_env.eval.baselines import LeavePatientOut, NoToolAgent, RandomAgent
-from case_env.eval.openai_agent import ModelSettings, OpenAIAgent
+from case_env.eval.openai_agent import ModelSettings, OpenAIPolicy, chat_client
 from case_env.eval.report import write_report
-from case_env.reward import compute_score
 
-AGENTS = ("openai", "scripted", "vision", "no-tool", "random")
-
-# An agent is made per rollout, from the item, the OpenAI schemas of the row's tools and the repeat index
-# (stochastic agents draw differently on each repeat of a question).
-AgentFactory = Callable[[Item, list[dict], int], Agent]
+OPENAI = "openai"
 
 
-def agent_factory(name: str, bank: Path, seed: int = 0, model: ModelSettings | None = None) -> AgentFactory:
-    from case_env.agents import scripted_agent
-    from case_env.agents.scripted import TextAgent
-
-    if name == "openai":
-        if model is None:
-            raise ValueError("the openai agent needs --model-url and --model")
-        import openai
-
-        client = openai.OpenAI(base_url=model.base_url, api_key=model.api_key, max_retries=2)
-        return lambda item, tools, _repeat: OpenAIAgent(item.extra, item.prompt, tools, model, client)
-    if name == "scripted":
-        return lambda item, _tools, _repeat: TextAgent(item.extra)  # tool text only, also on image questions
-    if name == "vision":
-        # pixels for image questions; a vision policy reads the text of the others
-        return lambda item, _tools, _repeat: scripted_agent(item.extra)
-    if name == "random":
-        return lambda item, _tools, repeat: RandomAgent(item.extra, seed + repeat)
-    if name == "no-tool":
-        priors = LeavePatientOut(reference_rows(bank))
-        lock = threading.Lock()  # agents are made on pool threads; fit each patient's prior once
-
-        def no_tool(item: Item, _tools: list[dict], repeat: int) -> Agent:
-            with lock:
-                return NoToolAgent(item.extra, seed + repeat, priors)
-
-        return no_tool
-    raise ValueError(f"unknown agent {name!r}; choose one of {', '.join(AGENTS)}")
+def bank_environment(items: list[Item]) -> Environment:
+    """The one environment a bank's rows belong to."""
+    envs = {registry.for_row(item.data_source, item.extra).name for item in items}
+    if len(envs) != 1:
+        raise ValueError(
+            f"the bank holds rows of {len(envs)} environments ({', '.join(sorted(envs))}); one is needed"
+        )
+    return registry.get(envs.pop())
 
 
-def summarise(records: list[dict], agent: str, bank: str, server_version: str) -> dict:
-    by_source: dict[str, list[dict]] = defaultdict(list)
-    for record in records:
-        by_source[record["data_source"]].append(record)
-
-    def accuracy(rows: list[dict]) -> float:
-        return round(sum(r["reward"] for r in rows) / len(rows), 4) if rows else 0.0
-
-    questions = {r.get("question_id", r["id"]) for r in records}
-    return {
-        "overall": {
-            "accuracy": accuracy(records),
-            "n": len(records),
-            "questions": len(questions),
-            "repeats": max((r.get("repeat", 0) for r in records), default=0) + 1,
-        },
-        "by_data_source": {
-            source: {
-                "accuracy": accuracy(rows),
-                "n": len(rows),
-                "mean_tool_calls": round(sum(r["tool_calls"] for r in rows) / len(rows), 3),
-                "format_error_rate": round(sum(not r["format_ok"] for r in rows) / len(rows), 4),
-                "chance": round(sum(1 / r["options"] for r in rows) / len(rows), 4),
-            }
-            for source, rows in sorted(by_source.items())
-        },
-        "agent": agent,
-        "bank": bank,
-        "server_version": server_version,
-    }
+def agents_of(env: Environment) -> tuple[str, ...]:
+    return (*env.agents, OPENAI)
 
 
-def run_eval(bank: Path, server_url: str, agent: str, out: Path, concurrency: int = 4, limit: int | None = None,
-             resume: bool = False, token: str | None = None, max_calls: int = 32, progress: bool = True,
-             model: ModelSettings | None = None, repeats: int = 1, seed: int = 0) -> dict:  # fmt: skip
-    """Roll every item of the bank out `repeats` times; accuracy is the mean reward over all rollouts, so a
-    stochastic agent's figure is an average over `repeats` draws per question rather than a single draw."""
-    make_agent = agent_factory(agent, bank, seed=seed, model=model)
-    items = load_items(bank)[:limit] if limit else load_items(bank)
+def _policies(
+    env: Environment, agent: str, bank: Path, seed: int, model: ModelSettings | None, max_turns: int
+):
+    """(item, variant, tools, repeat) -> Policy, for a scripted baseline or the OpenAI-compatible agent."""
+    if agent not in agents_of(env):
+        raise ValueError(
+            f"agent {agent!r} does not play a {env.title} bank; choose one of {', '.join(agents_of(env))}"
+        )
+    if agent != OPENAI:
+        scripted: PolicyFactory = env.policy_factory(agent, bank, seed)
+        return lambda item, variant, _tools, repeat: scripted(item, variant, repeat)
+    if model is None:
+        raise ValueError("the openai agent needs --model-url and --model")
+    client = chat_client(model)
+
+    def make(item: Item, variant: Variant, tools: list[dict], _repeat: int) -> OpenAIPolicy:
+        turns = variant.max_turns or model.max_turns or max_turns
+        return OpenAIPolicy(variant.prompt or item.prompt, tools, model, client, turns)
+
+    return make
+
+
+def _create_kwargs(item: Item, variant: Variant) -> dict:
+    """The row's create_kwargs (every tool of a row has the same), with the variant's in their place."""
+    tools_kwargs = item.extra.get("tools_kwargs") or {}
+    first = next(iter(tools_kwargs.values()), {}) if isinstance(tools_kwargs, dict) else {}
+    return {**(first.get("create_kwargs") or {}), **variant.create}
+
+
+class _Rollouts:
+    def __init__(
+        self,
+        env: Environment,
+        client: ToolClient,
+        schemas: dict[str, dict],
+        pool: ThreadPoolExecutor,
+        max_turns: int,
+    ):
+        self.env, self.client, self.schemas, self.pool, self.max_turns = env, client, schemas, pool, max_turns
+
+    def tools_for(self, item: Item, variant: Variant) -> list[dict]:
+        if not variant.tools:
+            return []
+        allowed = set(item.extra.get("tool_selection") or [])
+        return [schema for name, schema in self.schemas.items() if not allowed or name in allowed]
+
+    async def play(self, item: Item, variant: Variant, policy, tools: list[dict]) -> trajectory.Episode:
+        loop = asyncio.get_running_loop()
+        create = _create_kwargs(item, variant)
+        patient = item.extra["patient_id"]
+        episode_id = f"eval-{uuid.uuid4().hex}"
+        turns: list[Turn] = []
+        seen: list[Observation] = []
+        calls: list[ExecutedCall] = []
+        for _ in range(variant.max_turns or self.max_turns):
+            turn = await loop.run_in_executor(self.pool, policy.next_turn, list(seen))
+            turns.append(turn)
+            if turn.final:
+                break
+            name, arguments = turn.call
+            body = {"episode_id": episode_id, "patient_id": patient, "arguments": arguments}
+            context = self.env.episode_context(create, calls)
+            if context is not None:
+                body["context"] = context
+            reply = await self.client.call(name, body)
+            if reply.http_status == 404:
+                raise LookupError(
+                    f"the server has no case {patient!r}: serve the bank's cases (case-env serve --data-root "
+                    f"holding them, or --cases {self.env.name}=FILE)"
+                )
+            pngs = reply.pngs()
+            image = Image.open(io.BytesIO(pngs[0])).convert("RGB") if pngs else None
+            seen.append(
+                Observation(name, arguments, reply.model_text(), image, pngs[0] if pngs else None, reply.ok)
+            )
+            spec = self.env.tools.get(name)
+            text = reply.text if spec is not None and spec.remember else None
+            calls.append(
+                ExecutedCall(name, arguments, reply.status, reply.infra_error, reply.attempts, text=text)
+            )
+        extra = {**item.extra, **variant.extra, FIELD: [c.record() for c in calls]}
+        score = self.env.score(transcript(turns, seen), item.ground_truth, extra).flat()
+        return trajectory.Episode(
+            item.prompt, turns, seen, calls, score, tools, getattr(policy, "messages", None)
+        )
+
+
+def run_eval(
+    bank: Path,
+    server_url: str,
+    agent: str,
+    out: Path,
+    concurrency: int = 4,
+    limit: int | None = None,
+    resume: bool = False,
+    token: str | None = None,
+    model: ModelSettings | None = None,
+    repeats: int = 1,
+    seed: int = 0,
+    progress: bool = True,
+    max_turns: int | None = None,
+) -> dict:
+    """Roll every row of the bank out `repeats` times (each of its environment's variants); the figures are
+    means over all rollouts, so a stochastic agent's figure averages `repeats` draws per row."""
+    items = load_items(bank)
+    items = items[:limit] if limit else items
+    if not items:
+        raise ValueError(f"{bank} holds no rows")
+    env = bank_environment(items)
+    budget = max_turns or env.max_turns
+    make_policy = _policies(env, agent, bank, seed, model, budget)
     out.mkdir(parents=True, exist_ok=True)
     path = out / trajectory.FILENAME
     if path.exists() and not resume:
         raise FileExistsError(f"{path} exists: pass --resume to continue that run, or choose another --out")
     trajectory.drop_torn_tail(path)
     done = {record["id"] for record in trajectory.read(path)}
-    rollouts = [(item, repeat) for item in items for repeat in range(repeats)]
-    todo = [(item, r) for item, r in rollouts if trajectory.rollout_id(item, r) not in done]
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    with httpx.Client(base_url=server_url, headers=headers, timeout=60.0) as probe:
-        server_version = probe.get("/healthz").raise_for_status().json().get("version", "")
-        tools = probe.get("/v1/tools").raise_for_status().json()
-    lock = threading.Lock()
-    local = threading.local()
-
-    def one(item: Item, repeat: int) -> None:
-        if not hasattr(local, "client"):
-            local.client = httpx.Client(base_url=server_url, headers=headers, timeout=60.0)
-        allowed = set(item.extra.get("tool_selection") or [])
-        schemas = [t["schema"] for t in tools["tools"] if not allowed or t["name"] in allowed]
-        policy = make_agent(item, schemas, repeat)
-        episode = f"eval-{uuid.uuid4().hex}"
-        decision, outputs = run_episode(local.client, policy, item.extra["patient_id"], episode, max_calls)
-        score = compute_score(item.data_source, decision.final_message(), item.ground_truth, item.extra)
-        transcript = getattr(policy, "messages", None)
-        record = trajectory.to_record(item, outputs, decision, score, out, schemas, transcript, repeat)
-        record["options"] = len(item.extra["options"])
-        with lock, path.open("a", encoding="utf-8") as handle:
-            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
-
-    with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        futures = [pool.submit(one, item, repeat) for item, repeat in todo]
-        bar = tqdm(
-            total=len(rollouts), initial=len(rollouts) - len(todo), desc=f"eval {agent}", disable=not progress
+    rollouts = [
+        (item, variant, repeat)
+        for item in items
+        for repeat in range(repeats)
+        for variant in env.variants(item)
+    ]
+    keys = {trajectory.rollout_id(item, repeat, variant.name) for item, variant, repeat in rollouts}
+    todo = [r for r in rollouts if trajectory.rollout_id(r[0], r[2], r[1].name) not in done]
+    server_version = asyncio.run(
+        _run(
+            env,
+            rollouts,
+            todo,
+            make_policy,
+            server_url,
+            token,
+            concurrency,
+            budget,
+            out,
+            path,
+            agent,
+            progress,
         )
-        for future in as_completed(futures):
-            future.result()
-            bar.update()
-        bar.close()
-    keys = {trajectory.rollout_id(item, r) for item, r in rollouts}
+    )
     records = [r for r in trajectory.read(path) if r["id"] in keys]
-    results = summarise(records, agent, str(bank), server_version)
+    results = {
+        "env": env.name,
+        "agent": agent,
+        "bank": str(bank),
+        "server_version": server_version,
+        **env.summarise(records),
+    }
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    write_report(out)
+    write_report(out, env, [(agent, results)], records)
     return results
+
+
+async def _run(
+    env, rollouts, todo, make_policy, server_url, token, concurrency, budget, out, path, agent, progress
+) -> str:
+    client = ToolClient(RetryPolicy(base_url=server_url, max_concurrency=concurrency), token=token or "")
+    try:
+        server_version = (await client.get("/healthz")).get("version", "")
+        listed = await client.http.get("/v1/tools", params={"env": env.name})
+        listed.raise_for_status()
+        schemas = {t["name"]: t["schema"] for t in listed.json()["tools"]}
+        with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="case-env-policy") as pool:
+            runner = _Rollouts(env, client, schemas, pool, budget)
+            gate = asyncio.Semaphore(concurrency)
+            bar = tqdm(
+                total=len(rollouts),
+                initial=len(rollouts) - len(todo),
+                desc=f"eval {agent}",
+                disable=not progress,
+            )
+
+            async def one(item: Item, variant: Variant, repeat: int) -> None:
+                async with gate:
+                    tools = runner.tools_for(item, variant)
+                    policy = await asyncio.get_running_loop().run_in_executor(
+                        pool, make_policy, item, variant, tools, repeat
+                    )
+                    episode = await runner.play(item, variant, policy, tools)
+                record = trajectory.to_record(
+                    item, env.name, episode, out, repeat, variant.name, env.record_fields(item)
+                )
+                with path.open("a", encoding="utf-8") as handle:
+                    handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+                bar.update()
+
+            tasks = [asyncio.create_task(one(*r)) for r in todo]
+            try:
+                await asyncio.gather(*tasks)
+            finally:
+                for task in tasks:
+                    task.cancel()
+                bar.close()
+    finally:
+        await client.aclose()
+    return server_version

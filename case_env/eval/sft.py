@@ -48,10 +48,16 @@ def _flatten(message: dict, base: Path, where: str) -> tuple[dict, list[dict]]:
     out = {"role": message["role"], "content": "\n".join(pieces)}
     if message.get("tool_calls"):
         out["tool_calls"] = [
-            {"id": call.get("id", ""), "type": "function",
-             "function": {"name": call["function"]["name"], "arguments": _as_json(call["function"]["arguments"])}}
+            {
+                "id": call.get("id", ""),
+                "type": "function",
+                "function": {
+                    "name": call["function"]["name"],
+                    "arguments": _as_json(call["function"]["arguments"]),
+                },
+            }
             for call in message["tool_calls"]
-        ]  # fmt: skip
+        ]
     return out, images
 
 
@@ -72,8 +78,13 @@ def sft_rows(source: Path, correct_only: bool = True) -> Iterator[dict]:
                 flat, found = _flatten(message, path.parent, where)
                 messages.append(flat)
                 images += found
-            yield {"messages": messages, "tools": record.get("tools") or [], "images": images,
-                   "data_source": record.get("data_source", ""), "id": str(record.get("id", where))}  # fmt: skip
+            yield {
+                "messages": messages,
+                "tools": record.get("tools") or [],
+                "images": images,
+                "data_source": record.get("data_source", ""),
+                "id": str(record.get("id", where)),
+            }
 
 
 def write_sft(source: Path, out: Path, correct_only: bool = True) -> int:

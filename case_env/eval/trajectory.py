@@ -11,10 +11,13 @@ import base64
 import io
 import json
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
-from case_env.agents.base import Decision, ToolOutput
-from case_env.eval.bank import Item
+from case_env.core import registry
+from case_env.core.bank import Item
+from case_env.core.calls import ExecutedCall
+from case_env.core.policy import Observation, Turn
 
 FILENAME = "trajectories.jsonl"
 
@@ -24,43 +27,72 @@ def case_folder(patient_id: str) -> str:
     return f"case{int(digits):04d}" if digits else patient_id
 
 
-def rollout_id(item: Item, repeat: int) -> str:
-    """The record id of one rollout: the question's key, suffixed when a question is rolled out more than once."""
-    return item.key if repeat == 0 else f"{item.key}-r{repeat}"
+def rollout_id(item: Item, repeat: int, variant: str = "") -> str:
+    """The record id of one rollout: the row's key, suffixed by its variant and, when a row is rolled out
+    more than once, by the repeat."""
+    key = f"{item.key}-{variant}" if variant else item.key
+    return key if repeat == 0 else f"{key}-r{repeat}"
 
 
-def to_record(item: Item, outputs: list[ToolOutput], decision: Decision, score: dict, out: Path,
-              tools: list[dict], transcript: list[dict] | None = None, repeat: int = 0) -> dict:  # fmt: skip
-    """Build the record and save its images under `out`. A model's own `transcript` (with image parts as data
-    URLs) is kept as it was, malformed calls included; otherwise the conversation is built from the calls."""
+@dataclass
+class Episode:
+    """What one rollout did: its prompt, turns, what each call returned, the calls as they ran, the score."""
+
+    prompt: list[dict]
+    turns: list[Turn]
+    observations: list[Observation]
+    calls: list[ExecutedCall]
+    score: dict
+    tools: list[dict]
+    transcript: list[dict] | None = None  # a model's own chat messages, when it kept them
+
+    @property
+    def final(self) -> str:
+        return self.turns[-1].text if self.turns and self.turns[-1].final else ""
+
+
+def to_record(
+    item: Item,
+    env: str,
+    episode: Episode,
+    out: Path,
+    repeat: int = 0,
+    variant: str = "",
+    fields: dict | None = None,
+) -> dict:
+    """Build the record and save its images under `out`. A model's own transcript (with image parts as data
+    URLs) is kept as it was, malformed calls included; otherwise the conversation is built from the turns."""
     extra = item.extra
     folder = case_folder(extra["patient_id"])
-    key = rollout_id(item, repeat)
-    if transcript is not None:
-        messages, images = _from_transcript(transcript, key, folder, out)
+    key = rollout_id(item, repeat, variant)
+    if episode.transcript is not None:
+        messages, images = _from_transcript(episode.transcript, key, folder, out)
     else:
-        messages, images = _from_outputs(item.prompt, key, outputs, folder, out)
-        messages.append({"role": "assistant", "content": decision.final_message()})
+        messages, images = _from_turns(episode.prompt, key, episode, folder, out)
+        messages.append({"role": "assistant", "content": episode.final})
+    score = episode.score
     return {
         "id": key,
         "repeat": repeat,
-        "persona": _persona(item.data_source),
+        "variant": variant,
+        "env": env,
+        "persona": _persona(item.data_source, extra),
         "data_source": item.data_source,
         "case_id": folder,
         "patient_id": extra["patient_id"],
         "question_id": item.key,
-        "template": extra.get("template"),
-        "scenario": extra.get("scenario", ""),
-        "tools": tools,
+        "tools": episode.tools,
         "messages": messages,
-        "answer": decision.letter,
+        "answer": score["pred"],
         "ground_truth": item.ground_truth,
-        "answer_type": "mcq",
-        "teacher_insight": extra.get("teacher_insight", ""),
         "images": images,
         "reward": score["score"],
         "format_ok": bool(score["format_ok"]),
-        "tool_calls": len(outputs),
+        "tool_calls": len(episode.observations),
+        "turns": len(episode.observations) + (1 if episode.final else 0),
+        "infra_errors": sum(c.infra_error for c in episode.calls),
+        "score": score,
+        **(fields or {}),
     }
 
 
@@ -91,16 +123,21 @@ def _from_transcript(
     return messages, images
 
 
-def _from_outputs(
-    prompt: list[dict], key: str, outputs: list[ToolOutput], folder: str, out: Path
+def _from_turns(
+    prompt: list[dict], key: str, episode: Episode, folder: str, out: Path
 ) -> tuple[list[dict], list[str]]:
     messages: list[dict] = [dict(m) for m in prompt]
     images: list[str] = []
-    for n, output in enumerate(outputs):
+    for n, (turn, output) in enumerate(zip(episode.turns, episode.observations, strict=False)):
         call_id = f"call_{n}"
-        messages.append({"role": "assistant", "content": "", "tool_calls": [
-            {"id": call_id, "type": "function",
-             "function": {"name": output.tool, "arguments": json.dumps(output.arguments, sort_keys=True)}}]})  # fmt: skip
+        function = {"name": output.tool, "arguments": json.dumps(output.arguments, sort_keys=True)}
+        messages.append(
+            {
+                "role": "assistant",
+                "content": turn.text,
+                "tool_calls": [{"id": call_id, "type": "function", "function": function}],
+            }
+        )
         content: list[dict] = []
         if output.image is not None:
             relative = f"images/{folder}/img_{key}_{n:02d}.png"
@@ -116,10 +153,9 @@ def _from_outputs(
     return messages, images
 
 
-def _persona(data_source: str) -> str:
-    from case_env.personas import personas
-
-    return next((name for name, p in personas().items() if data_source in p.data_sources), "")
+def _persona(data_source: str, extra: dict) -> str:
+    persona = registry.for_row(data_source, extra).persona_of(data_source)
+    return persona.name if persona else ""
 
 
 class TrajectoryFormatError(ValueError):

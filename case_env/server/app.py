@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from concurrent.futures import ThreadPoolExecutor
 
 from fastapi import FastAPI, Request
@@ -17,15 +17,14 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from case_env import __version__
-from case_env.casereason.store import CaseReasonSettings, CaseReasonStore
-from case_env.clinic.store import ClinicSettings, ClinicStore
-from case_env.data.store import PatientStore
-from case_env.imaging.service import Imaging
+from case_env.core import registry
+from case_env.core.environment import Environment
+from case_env.core.tools import ErrorCode
 from case_env.server.admission import Admission
 from case_env.server.audit import AuditLog
 from case_env.server.auth import AuthError
 from case_env.server.episodes import EpisodeStore
-from case_env.server.errors import error_response, short
+from case_env.server.errors import describe, error_response, short
 from case_env.server.limits import BodyLimit
 from case_env.server.metrics import Metrics
 from case_env.server.replay import ReplayBook
@@ -34,13 +33,13 @@ from case_env.server.routes import episodes, ops, score, tools
 from case_env.server.settings import ServerSettings
 from case_env.server.state import ServerState
 from case_env.settings import DataSettings
-from case_env.tooling import ErrorCode, ToolSpec, load_tools
 
 log = logging.getLogger("case_env.server")
 
-DESCRIPTION = """Patient-scoped tools over longitudinal whole-body Dixon MRI for clinical agents.
+DESCRIPTION = """Case-scoped tools for clinical agents that gather evidence before they answer, one set per
+environment (`GET /v1/tools` lists them).
 
-Model-caused problems (bad arguments, unknown tool, organ or visit) return `ok: false` with a message the
+Model-caused problems (bad arguments, an unknown tool, a case detail that does not exist) return `ok: false` with a message the
 model can act on; service problems use HTTP status codes (429, 503, 504) that clients retry."""
 
 
@@ -80,57 +79,82 @@ def raise_open_file_limit(wanted: int = 65536) -> int:
     return soft
 
 
+def _hosted(environments: Iterable[Environment] | None) -> dict[str, Environment]:
+    """The environments this app serves (every registered one by default); tool names must not clash."""
+    hosted = (
+        {env.name: env for env in environments} if environments is not None else dict(registry.environments())
+    )
+    owners: dict[str, str] = {}
+    for env in hosted.values():
+        for tool in env.tools:
+            if owners.setdefault(tool, env.name) != env.name:
+                raise ValueError(f"tool {tool!r} is served by both {owners[tool]} and {env.name}")
+    return hosted
+
+
 def create_app(
     settings: ServerSettings | None = None,
     data: DataSettings | None = None,
-    tool_specs: dict[str, ToolSpec] | None = None,
-    store_class: type[PatientStore] = PatientStore,
-    imaging_class: type[Imaging] = Imaging,
+    environments: Iterable[Environment] | None = None,
 ) -> FastAPI:
-    """`store_class` and `imaging_class` swap the data engine behind the same routes (the benchmark's naive
-    reference engine uses them); everything else comes from the settings."""
+    """`environments` chooses what the app serves (default: every registered one; a benchmark may pass an
+    environment with another data engine, tests one with more tools); everything else comes from the settings."""
     settings = settings or ServerSettings()
     data = data or DataSettings()
+    hosted = _hosted(environments)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         raise_open_file_limit()
-        store = store_class(settings=data)
-        errors = store.index.errors
-        log.info(
-            "data root %s: %d patients, %d problem(s)", store.root, len(store.patient_ids()), len(errors)
-        )
-        for problem in errors[:20]:
-            log.warning("data problem: %s", problem)
-        clinic = ClinicStore.load(ClinicSettings(), data.data_root)
-        casereason = CaseReasonStore.load(CaseReasonSettings(), data.data_root)
-        for problem in [*clinic.problems[:20], *casereason.problems[:20]]:
-            log.warning("case problem: %s", problem)
-        specs = tool_specs if tool_specs is not None else load_tools()
+        specs = {name: spec for env in hosted.values() for name, spec in env.tools.items()}
+        tool_env = {name: env.name for env in hosted.values() for name in env.tools}
         replay = ReplayBook.load(settings.replay_dir, specs) if settings.replay_dir else None
+        stores = {}
         if replay is not None:
             specs = replay.bind(specs)
-            log.info("replay: %d recorded calls for %d patients from %s", len(replay.entries),
-                     len(replay.patients), settings.replay_dir)  # fmt: skip
+            log.info(
+                "replay: %d recorded calls for %d patients from %s",
+                len(replay.entries),
+                len(replay.patients),
+                settings.replay_dir,
+            )
+        else:
+            for name, env in hosted.items():
+                stores[name] = env.open_store(data)
+                problems = stores[name].problems
+                log.info(
+                    "%s: %d cases, %d problem(s) under %s",
+                    name,
+                    len(stores[name].ids()),
+                    len(problems),
+                    data.data_root,
+                )
+                for line in problems.shown():
+                    log.warning("%s data problem: %s", name, line)
         state = ServerState(
             settings=settings,
             data=data,
-            store=store,
-            imaging=imaging_class(store, settings.image_max_side),
+            environments=hosted,
+            stores=stores,
             tools=specs,
-            clinic=clinic,
-            casereason=casereason,
+            tool_env=tool_env,
             replay=replay,
-            episodes=EpisodeStore(settings.episode_db, settings.episode_idle_s, settings.max_episodes,
-                                  settings.max_calls_per_episode),
+            episodes=EpisodeStore(
+                settings.episode_db,
+                settings.episode_idle_s,
+                settings.max_episodes,
+                settings.max_calls_per_episode,
+            ),
             audit=AuditLog(settings.audit_log),
             responses=ResponseCache(settings.response_cache_mb * 2**20),
             admission=Admission(settings.max_in_flight, settings.max_queued, settings.queue_wait_s),
             metrics=Metrics(),
             render_pool=ThreadPoolExecutor(settings.render_threads, thread_name_prefix="case-env-render"),
             text_pool=ThreadPoolExecutor(settings.text_threads, thread_name_prefix="case-env-text"),
-            preload_pool=ThreadPoolExecutor(1, thread_name_prefix="case-env-warm") if settings.warm_patients else None,
-        )  # fmt: skip
+            preload_pool=ThreadPoolExecutor(1, thread_name_prefix="case-env-warm")
+            if settings.warm_patients
+            else None,
+        )
         if settings.audit_log is None:
             log.warning("audit log disabled (set CASE_ENV_AUDIT_LOG or --audit-log)")
         app.state.server = state
@@ -149,8 +173,9 @@ def create_app(
             state.audit.close()
 
     app = FastAPI(title="case-env", version=__version__, description=DESCRIPTION, lifespan=lifespan)
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes,
-                       per_path={"/v1/score": settings.max_score_body_bytes})  # fmt: skip
+    app.add_middleware(
+        BodyLimit, max_bytes=settings.max_body_bytes, per_path={"/v1/score": settings.max_score_body_bytes}
+    )
     app.include_router(ops.router)
     app.include_router(tools.router)
     app.include_router(episodes.router)
@@ -162,19 +187,13 @@ def create_app(
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(AuthError)
     async def _unauthorized(request: Request, exc: AuthError):
-        return error_response(ErrorCode.UNAUTHORIZED, "missing or invalid bearer token",
-                              headers={"WWW-Authenticate": "Bearer"})  # fmt: skip
+        return error_response(
+            ErrorCode.UNAUTHORIZED, "missing or invalid bearer token", headers={"WWW-Authenticate": "Bearer"}
+        )
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError):
-        problems = []
-        for error in exc.errors()[:5]:
-            if error.get("type") == "json_invalid":
-                problems.append("the body is not valid JSON")
-                continue
-            where = ".".join(str(p) for p in error.get("loc", ()) if p != "body") or "body"
-            problems.append(f"{where}: {error.get('msg', 'invalid')}")
-        message = short("invalid request: " + "; ".join(problems))
+        message = short("invalid request: " + describe(exc.errors()))
         request.app.state.server.audit.refusal(
             request.method, request.url.path, ErrorCode.INVALID_REQUEST.value, 422
         )
@@ -187,8 +206,9 @@ def _install_error_handlers(app: FastAPI) -> None:
             request.app.state.server.audit.refusal(
                 request.method, request.url.path, ErrorCode.INVALID_REQUEST.value, 422
             )
-            return error_response(ErrorCode.INVALID_REQUEST, "invalid request: the body is not valid JSON",
-                                  status=422)  # fmt: skip
+            return error_response(
+                ErrorCode.INVALID_REQUEST, "invalid request: the body is not valid JSON", status=422
+            )
         code = ErrorCode.INVALID_REQUEST if exc.status_code < 500 else ErrorCode.INTERNAL
         return error_response(code, short(str(exc.detail)), status=exc.status_code, headers=exc.headers)
 

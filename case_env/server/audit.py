@@ -21,8 +21,17 @@ class AuditLog:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
 
-    def write(self, *, episode_id: str | None, patient_id: str | None, tool: str, arguments: object,
-              status: str, http_status: int, latency_ms: float) -> None:  # fmt: skip
+    def write(
+        self,
+        *,
+        episode_id: str | None,
+        patient_id: str | None,
+        tool: str,
+        arguments: object,
+        status: str,
+        http_status: int,
+        latency_ms: float,
+    ) -> None:
         if self._fd is None:
             return
         record = {
@@ -42,8 +51,15 @@ class AuditLog:
         """A tool call refused before its route ran (token, body size, undecodable or invalid body): its episode
         and patient are not known yet, but it is still a call and gets its line."""
         if method == "POST" and path.startswith("/v1/tools/"):
-            self.write(episode_id=None, patient_id=None, tool=path.rsplit("/", 1)[-1][:64], arguments=None,
-                       status=code, http_status=http_status, latency_ms=0.0)  # fmt: skip
+            self.write(
+                episode_id=None,
+                patient_id=None,
+                tool=path.rsplit("/", 1)[-1][:64],
+                arguments=None,
+                status=code,
+                http_status=http_status,
+                latency_ms=0.0,
+            )
 
     def close(self) -> None:
         if self._fd is not None:

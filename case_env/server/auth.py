@@ -11,7 +11,7 @@ import hmac
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from case_env.tooling import ErrorCode
+from case_env.core.tools import ErrorCode
 
 bearer = HTTPBearer(auto_error=False, description="The server's token (CASE_ENV_TOKEN), when one is set.")
 

@@ -26,9 +26,22 @@ def ensure_server(
     parsed = httpx.URL(url)
     if parsed.host not in ("127.0.0.1", "localhost"):
         raise SystemExit(f"no case-env server answers at {url}, and only a local one can be started")
-    process = subprocess.Popen([sys.executable, "-m", "case_env.cli", "serve", "--data-root", str(data_root),
-                                "--port", str(parsed.port or 8000), "--workers", str(workers), "--log-level",
-                                "warning"])  # fmt: skip
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "case_env.cli",
+            "serve",
+            "--data-root",
+            str(data_root),
+            "--port",
+            str(parsed.port or 8000),
+            "--workers",
+            str(workers),
+            "--log-level",
+            "warning",
+        ]
+    )
     deadline = time.monotonic() + timeout_s
     while not reachable(url):
         if process.poll() is not None or time.monotonic() > deadline:

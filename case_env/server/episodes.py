@@ -127,9 +127,18 @@ class EpisodeStore:
         seq = row[0]
         self.db.execute(
             "INSERT INTO calls VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (episode_id, seq, now, call.tool, json.dumps(call.arguments, default=str), call.status,
-             call.http_status, round(call.latency_ms, 3), call.digest),
-        )  # fmt: skip
+            (
+                episode_id,
+                seq,
+                now,
+                call.tool,
+                json.dumps(call.arguments, default=str),
+                call.status,
+                call.http_status,
+                round(call.latency_ms, 3),
+                call.digest,
+            ),
+        )
         if seq > self.max_calls:
             self.db.execute(
                 "DELETE FROM calls WHERE episode_id = ? AND seq <= ?", (episode_id, seq - self.max_calls)
@@ -154,11 +163,19 @@ class EpisodeStore:
             "last_seen": row[2],
             "calls_total": row[3],
             "calls": [
-                {"seq": c[0], "time": c[1], "tool": c[2], "arguments": json.loads(c[3]), "status": c[4],
-                 "http_status": c[5], "latency_ms": c[6], "output_digest": c[7]}
+                {
+                    "seq": c[0],
+                    "time": c[1],
+                    "tool": c[2],
+                    "arguments": json.loads(c[3]),
+                    "status": c[4],
+                    "http_status": c[5],
+                    "latency_ms": c[6],
+                    "output_digest": c[7],
+                }
                 for c in calls
             ],
-        }  # fmt: skip
+        }
 
     def sweep(self, now: float | None = None) -> int:
         """Forget idle episodes and the least recent ones beyond the cap; returns how many were dropped."""

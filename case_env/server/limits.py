@@ -10,7 +10,7 @@ import json
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from case_env.tooling import ErrorCode
+from case_env.core.tools import ErrorCode
 
 _BODY = json.dumps(
     {"ok": False, "error": {"code": "invalid_request", "message": "request body too large"}}
@@ -63,6 +63,14 @@ async def _refuse(scope: Scope, send: Send) -> None:
     scope["app"].state.server.audit.refusal(
         scope["method"], scope["path"], ErrorCode.INVALID_REQUEST.value, 413
     )
-    await send({"type": "http.response.start", "status": 413,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(_BODY)).encode())]})  # fmt: skip
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 413,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(_BODY)).encode()),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": _BODY})

@@ -29,15 +29,28 @@ class Metrics:
         self.multiprocess = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
         self.registry = None if self.multiprocess else CollectorRegistry()
         kw = {"registry": self.registry} if self.registry is not None else {}
-        self.calls = Counter("case_env_tool_calls", "Tool calls by tool and status (ok or error code).",
-                             ["tool", "status"], **kw)  # fmt: skip
-        self.latency = Histogram("case_env_tool_latency_seconds", "Server time per tool call.", ["tool"],
-                                 buckets=LATENCY_BUCKETS, **kw)  # fmt: skip
+        self.calls = Counter(
+            "case_env_tool_calls",
+            "Tool calls by tool and status (ok or error code).",
+            ["tool", "status"],
+            **kw,
+        )
+        self.latency = Histogram(
+            "case_env_tool_latency_seconds",
+            "Server time per tool call.",
+            ["tool"],
+            buckets=LATENCY_BUCKETS,
+            **kw,
+        )
         self.in_flight = Gauge(
             "case_env_calls_in_flight", "Tool calls being served.", multiprocess_mode="livesum", **kw
         )
-        self.cache_bytes = Gauge("case_env_cache_bytes", "Bytes of decoded volumes held in memory.",
-                                 multiprocess_mode="livesum", **kw)  # fmt: skip
+        self.cache_bytes = Gauge(
+            "case_env_cache_bytes",
+            "Bytes of decoded case data (volumes) held in memory.",
+            multiprocess_mode="livesum",
+            **kw,
+        )
         self.episodes_live = Gauge(
             "case_env_episodes_live", "Episodes remembered.", multiprocess_mode="max", **kw
         )

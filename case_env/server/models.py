@@ -6,8 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from case_env.clinic.context import EpisodeContext
-from case_env.tooling import ErrorCode, Persona
+from case_env.core.tools import ErrorCode
 
 EPISODE_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 PATIENT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
@@ -37,10 +36,12 @@ class ToolCallRequest(BaseModel):
     arguments: dict[str, Any] = Field(
         default_factory=dict, description="The tool's arguments, as the model gave them."
     )
-    context: EpisodeContext | None = Field(
+    context: dict[str, Any] | None = Field(
         None,
-        description="Clinic tools only: the episode's earlier patient exchanges and the row's noise "
-        "configuration, sent by the adapter (never by the model); the server keeps no conversation state.",
+        description="What the call's environment needs from the episode besides the arguments (earlier "
+        "exchanges, the row's settings), sent by the adapter, never by the model: the server keeps no "
+        "conversation state. Validated by the environment's context model (422 naming the problem); "
+        "environments without a context model take none.",
     )
 
     @field_validator("arguments", "context")
@@ -48,7 +49,7 @@ class ToolCallRequest(BaseModel):
     def _unicode_text(cls, value: Any) -> Any:
         """JSON may spell a lone surrogate (\\ud800) that no UTF-8 text can hold; refuse it here, before it
         reaches a tool, the audit log or the response encoder."""
-        _check_text(value.model_dump() if isinstance(value, BaseModel) else value)
+        _check_text(value)
         return value
 
 
@@ -87,7 +88,8 @@ class ToolCallResponse(BaseModel):
 
 class ToolInfo(BaseModel):
     name: str
-    personas: list[Persona] = Field(description="Personas whose tool subset includes this tool.")
+    env: str = Field(description="The environment the tool belongs to.")
+    personas: list[str] = Field(description="Personas whose tool subset includes this tool.")
     schema_: dict = Field(
         alias="schema", description="OpenAI function schema, as verl's tool config takes it."
     )
@@ -95,9 +97,21 @@ class ToolInfo(BaseModel):
     model_config = ConfigDict(populate_by_name=True)
 
 
+class EnvironmentInfo(BaseModel):
+    name: str = Field(description="The environment's name (a bank row's extra_info.env).")
+    title: str
+    personas: list[str]
+    data_sources: list[str]
+    tools: list[str]
+    schema_version: str = Field(description="Hash of this environment's schemas (banks record it).")
+
+
 class ToolsResponse(BaseModel):
-    schema_version: str = Field(description="Hash of all schemas; changes whenever a tool's schema changes.")
+    schema_version: str = Field(
+        description="Hash of the schemas listed; changes whenever one of them changes."
+    )
     tools: list[ToolInfo]
+    environments: list[EnvironmentInfo] = Field(description="The environments whose tools are listed.")
 
 
 class CallRecord(BaseModel):

@@ -22,15 +22,26 @@ def _build_app():
     return create_app()
 
 
-def deploy(replicas: int, host: str, port: int, env: dict[str, str], cpus_per_replica: float = 1.0,
-           address: str | None = None) -> Callable[[], None]:  # fmt: skip
+def deploy(
+    replicas: int,
+    host: str,
+    port: int,
+    env: dict[str, str],
+    cpus_per_replica: float = 1.0,
+    address: str | None = None,
+) -> Callable[[], None]:
     """Start (or join) Ray, deploy `replicas` replicas behind Ray Serve's proxy on host:port, return a
     function that tears it down. `env` (the CASE_ENV_* settings) is set in every replica."""
     import ray
     from ray import serve
 
-    ray.init(address=address, ignore_reinit_error=True, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": env})  # fmt: skip
+    ray.init(
+        address=address,
+        ignore_reinit_error=True,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": env},
+    )
     serve.start(http_options={"host": host, "port": port}, detached=False)
 
     @serve.ingress(_build_app)

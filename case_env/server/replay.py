@@ -1,5 +1,5 @@
 """Replay: serve recorded tool outputs instead of computing them (CASE trained RL against a tool-replay
-environment). Users can run RL on recorded trajectories without the imaging data.
+environment). Users can run RL on recorded trajectories without the data behind them.
 
 A call is keyed by (patient, tool, canonical arguments); arguments are canonicalised by the tool's own argument
 model, so defaults and spelling variants the live server accepts find the same recording. Argument validation
@@ -18,10 +18,8 @@ from typing import Any
 
 from PIL import Image
 
-from case_env.eval import trajectory
-from case_env.eval.sft import trajectory_files
-from case_env.eval.trajectory import TrajectoryFormatError, content_parts
-from case_env.tooling import (
+from case_env.core import registry
+from case_env.core.tools import (
     ErrorCode,
     ToolContext,
     ToolError,
@@ -30,6 +28,9 @@ from case_env.tooling import (
     ToolSpec,
     canonical_arguments,
 )
+from case_env.eval import trajectory
+from case_env.eval.sft import trajectory_files
+from case_env.eval.trajectory import TrajectoryFormatError, content_parts
 
 log = logging.getLogger("case_env.replay")
 
@@ -37,7 +38,7 @@ log = logging.getLogger("case_env.replay")
 @dataclass
 class ReplayBook:
     entries: dict[tuple[str, str, str], ToolResult] = field(default_factory=dict)
-    patients: set[str] = field(default_factory=set)
+    patients: dict[str, str] = field(default_factory=dict)  # patient -> its environment
     conflicts: int = 0
 
     @classmethod
@@ -47,15 +48,19 @@ class ReplayBook:
             for n, record in enumerate(trajectory.read(path), start=1):
                 book._add_record(record, path.parent, tools, f"{path}:{n}")
         if book.conflicts:
-            log.warning("replay: %d recorded calls disagree with an earlier recording; the first is kept",
-                        book.conflicts)  # fmt: skip
+            log.warning(
+                "replay: %d recorded calls disagree with an earlier recording; the first is kept",
+                book.conflicts,
+            )
         return book
 
     def _add_record(self, record: dict, base: Path, tools: dict[str, ToolSpec], where: str) -> None:
         patient = record.get("patient_id")
         if not patient or not isinstance(record.get("messages"), list):
             raise TrajectoryFormatError(f"{where}: a replayable trajectory needs 'patient_id' and 'messages'")
-        self.patients.add(patient)
+        self.patients[patient] = (
+            record.get("env") or registry.for_row(str(record.get("data_source", ""))).name
+        )
         pending: dict[str, tuple[str, dict]] = {}
         last: tuple[str, str, str] | None = None  # the entry of the latest tool reply
         for message in record["messages"]:
@@ -98,8 +103,11 @@ class ReplayBook:
             key = (ctx.patient_id, spec.name, canonical_arguments(args))  # already parsed by the route
             found = self.entries.get(key)
             if found is None:
-                raise ToolError(ErrorCode.NOT_RECORDED, f"not recorded: this replay set holds no output of "
-                                f"{spec.name} with these arguments for this patient")  # fmt: skip
+                raise ToolError(
+                    ErrorCode.NOT_RECORDED,
+                    f"not recorded: this replay set holds no output of "
+                    f"{spec.name} with these arguments for this patient",
+                )
             return found
 
         return run

@@ -15,7 +15,7 @@ import asyncio
 from collections.abc import Hashable
 from typing import Any
 
-from case_env.data.cache import ByteLRU
+from case_env.core.cache import ByteLRU
 
 
 class ResponseCache(ByteLRU[Any]):

@@ -49,15 +49,18 @@ class ServerSettings(BaseSettings):
         256, ge=1, description="Calls remembered per episode (oldest go first)."
     )
     episode_db: Path | None = Field(
-        None, description="SQLite file shared by workers for episodes; default in memory (one worker) or a "
-        "temporary file (several workers)."
-    )  # fmt: skip
+        None,
+        description="SQLite file shared by workers for episodes; default in memory (one worker) or a "
+        "temporary file (several workers).",
+    )
     replay_dir: Path | None = Field(
         None,
         description="Serve recorded tool outputs from the trajectory files here instead of the data root.",
     )
     warm_patients: bool = Field(
-        True, description="Decode a patient's volumes in the background when a worker first sees the patient."
+        True,
+        description="Prepare a case in the background when a worker first sees it (its environment's store "
+        "decides what that means: decoding a patient's volumes, for one).",
     )
     response_cache_mb: int = Field(
         128,
@@ -65,7 +68,6 @@ class ServerSettings(BaseSettings):
         description="Memory per worker for answers of repeated pure calls (GRPO groups); 0 disables.",
     )
     audit_log: Path | None = Field(None, description="File that receives one JSON line per call.")
-    image_max_side: int = Field(448, ge=64, le=2048, description="Longest side of returned images in pixels.")
     max_body_bytes: int = Field(65536, ge=1024, description="Larger request bodies are refused with 413.")
     max_score_body_bytes: int = Field(
         4 * 2**20, ge=1024, description="Body limit of POST /v1/score, which carries a whole trajectory."

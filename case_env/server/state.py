@@ -1,4 +1,9 @@
-"""Everything a running server holds, created in the app's lifespan and reached through app.state."""
+"""Everything a running server holds, created in the app's lifespan and reached through app.state.
+
+The server hosts every environment it was given (by default every registered one): one case store each,
+their tools side by side. A patient id belongs to exactly one environment's store, and a tool to exactly one
+environment; which environment that is, is all the routes need to know.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +12,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from case_env.casereason.store import CaseReasonStore
-from case_env.clinic.store import ClinicStore
-from case_env.data.store import PatientStore
-from case_env.imaging.service import Imaging
+from case_env.core.environment import CaseStore, Environment
+from case_env.core.tools import ToolSpec, schema_version
 from case_env.server.admission import Admission
 from case_env.server.audit import AuditLog
 from case_env.server.episodes import EpisodeStore
@@ -19,16 +22,16 @@ from case_env.server.replay import ReplayBook
 from case_env.server.responses import ResponseCache
 from case_env.server.settings import ServerSettings
 from case_env.settings import DataSettings
-from case_env.tooling import ToolSpec, schema_version
 
 
 @dataclass
 class ServerState:
     settings: ServerSettings
     data: DataSettings
-    store: PatientStore
-    imaging: Imaging
+    environments: dict[str, Environment]
+    stores: dict[str, CaseStore]
     tools: dict[str, ToolSpec]
+    tool_env: dict[str, str]  # tool name -> its environment
     episodes: EpisodeStore
     audit: AuditLog
     metrics: Metrics
@@ -38,9 +41,7 @@ class ServerState:
     replay: ReplayBook | None = None  # set: tools answer from recordings, the data root is not used
     admission: Admission = field(default_factory=lambda: Admission(1, 0, 0.0))
     tasks: list[asyncio.Task] = field(default_factory=list)
-    preload_pool: ThreadPoolExecutor | None = None  # set: warm each new patient's volumes in the background
-    clinic: ClinicStore = field(default_factory=lambda: ClinicStore([]))
-    casereason: CaseReasonStore = field(default_factory=lambda: CaseReasonStore([]))
+    preload_pool: ThreadPoolExecutor | None = None  # set: warm each new case in the background
     _warmed: set[str] = field(default_factory=set)
     _readiness: tuple[float, tuple[bool, str | None]] = (0.0, (False, None))  # (valid until, answer)
 
@@ -49,37 +50,33 @@ class ServerState:
         return schema_version(self.tools)
 
     def patient_ids(self) -> list[str]:
-        """Imaging patients and clinic cases (a replay serves only its recorded patients)."""
+        """Every environment's cases (a replay serves only its recorded patients)."""
         if self.replay:
             return sorted(self.replay.patients)
-        return self.store.patient_ids() + sorted(self.clinic.cases) + sorted(self.casereason.cases)
+        return [case_id for store in self.stores.values() for case_id in store.ids()]
 
-    def has_patient(self, patient_id: str) -> bool:
+    def environment(self, patient_id: str) -> str | None:
+        """The environment a patient id belongs to; None when no store holds it."""
         if self.replay:
-            return patient_id in self.replay.patients
-        return patient_id in self.store.index.patients or self.environment(patient_id) != "imaging"
+            env = self.replay.patients.get(patient_id)
+            return env if env in self.environments else None
+        return next((name for name, store in self.stores.items() if patient_id in store), None)
 
-    def environment(self, patient_id: str) -> str:
-        """imaging, clinic or casereason: which environment a patient id belongs to."""
-        if patient_id in self.clinic.cases:
-            return "clinic"
-        return "casereason" if patient_id in self.casereason.cases else "imaging"
+    def fingerprint(self, env: str, patient_id: str) -> tuple:
+        """What the response cache keys a case's answers under (its files' stats, or nothing for cases
+        read once per worker)."""
+        return self.stores[env].fingerprint(patient_id)
 
-    def fingerprint(self, patient_id: str) -> tuple:
-        """What the response cache keys a patient's answers under: its files' stats, or (clinic and
-        case-reasoning cases are read once per worker) nothing."""
-        return self.store.fingerprint(patient_id) if self.environment(patient_id) == "imaging" else ()
+    def memory_bytes(self) -> int:
+        return sum(store.memory_bytes() for store in self.stores.values())
 
-    def warm(self, patient_id: str) -> None:
-        """Decode a patient's volumes in the background the first time this worker sees the patient: an
-        episode starts with cheap calls (visits, context), so its first render finds the volumes ready.
-        One background thread, so warming never takes more than one core from serving calls."""
+    def warm(self, env: str, patient_id: str) -> None:
+        """Prepare a case in the background the first time this worker sees it. One background thread, so
+        warming never takes more than one core from serving calls."""
         if self.preload_pool is None or self.replay is not None or patient_id in self._warmed:
             return
-        if self.environment(patient_id) != "imaging":  # a clinic or case-reasoning case has no volumes
-            return
         self._warmed.add(patient_id)
-        self.preload_pool.submit(self.store.preload, patient_id, 1)
+        self.preload_pool.submit(self.stores[env].warm, patient_id)
 
     def readiness(self) -> tuple[bool, str | None]:
         """Checked on every call, so the file-system probe is reused for a second."""
@@ -91,8 +88,8 @@ class ServerState:
     def _check_readiness(self) -> tuple[bool, str | None]:
         if self.replay is not None:
             return (True, None) if self.replay.entries else (False, "the replay set holds no recorded calls")
-        if not self.store.root.is_dir():
+        if not self.data.data_root.is_dir():
             return False, "the data root is not readable"
-        if not self.store.patient_ids() and not self.clinic.cases and not self.casereason.cases:
+        if not any(store.ids() for store in self.stores.values()):
             return False, "the data root holds no patients"
         return True, None

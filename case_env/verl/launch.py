@@ -1,7 +1,6 @@
 """GRPO with multi-turn tools on verl 0.9.1 against a case-env server (used by scripts/train_grpo.sh).
 
-Every override below composes against verl 0.9.1's `ppo_trainer` config (reference: verl-0.9.1.md section
-5): `actor_rollout_ref.rollout.multi_turn.*` for tools, `agent.default_agent_loop=tool_agent`, the reward
+Every override below composes against verl 0.9.1's `ppo_trainer` config (docs/sources.md, verl 0.9.1): `actor_rollout_ref.rollout.multi_turn.*` for tools, `agent.default_agent_loop=tool_agent`, the reward
 under `reward.custom_reward_function.*` (the legacy top-level keys are ignored by main_ppo), and the CASE
 dataset class for JSON `extra_info`. `--dry-run` composes the whole config with verl's own Hydra files
 and runs verl's `validate_config` on CPU, then exits; nothing is started.
@@ -23,8 +22,11 @@ from pathlib import Path
 
 import case_env.reward
 import case_env.verl.dataset as case_dataset
+from case_env.core import registry
+from case_env.core.bank import bank_sources
+from case_env.core.calls import FORMATS
 from case_env.server.control import ensure_server
-from case_env.verl.config import DEFAULT_PATH
+from case_env.verl.config import write
 
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -38,8 +40,12 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--server-url", default="http://127.0.0.1:8000", help="case-env server URL.")
     parser.add_argument("--gpus", type=int, default=8, help="GPUs per node.")
     parser.add_argument("--nodes", type=int, default=1, help="Nodes.")
-    parser.add_argument("--data-root", type=Path, default=Path("data/synthetic"),
-                        help="Data root for the server started when none answers at --server-url.")  # fmt: skip
+    parser.add_argument(
+        "--data-root",
+        type=Path,
+        default=Path("data/synthetic"),
+        help="Data root for the server started when none answers at --server-url.",
+    )
     parser.add_argument(
         "--batch-size", type=int, default=64, help="Prompts per step (data.train_batch_size)."
     )
@@ -48,7 +54,19 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     )
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--rollout", default="vllm", choices=["vllm", "sglang"], help="Inference engine.")
-    parser.add_argument("--tool-config", type=Path, default=DEFAULT_PATH, help="verl tool YAML.")
+    parser.add_argument(
+        "--tool-config",
+        type=Path,
+        default=None,
+        help="verl tool YAML (default: the bank's environment's tools, written to <data>/verl_tools.yaml).",
+    )
+    parser.add_argument(
+        "--format",
+        default="hermes",
+        choices=FORMATS,
+        help="Tool-call format of the model (multi_turn.format): hermes (JSON in <tool_call>) or qwen3_coder "
+        "(Qwen3's XML form, as CASE's released checkpoints write it).",
+    )
     parser.add_argument("--experiment", default="case-env-grpo", help="trainer.experiment_name.")
     parser.add_argument(
         "--dry-run", action="store_true", help="Compose and validate the config on CPU, then exit."
@@ -86,7 +104,7 @@ def overrides(args: argparse.Namespace, extra: list[str]) -> list[str]:
         f"actor_rollout_ref.rollout.n={args.group_size}",
         "actor_rollout_ref.rollout.multi_turn.enable=True",
         f"actor_rollout_ref.rollout.multi_turn.tool_config_path={args.tool_config.resolve()}",
-        "actor_rollout_ref.rollout.multi_turn.format=hermes",
+        f"actor_rollout_ref.rollout.multi_turn.format={args.format}",
         "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=8",
         "actor_rollout_ref.rollout.multi_turn.max_user_turns=8",
         "actor_rollout_ref.rollout.multi_turn.max_parallel_calls=1",
@@ -122,9 +140,22 @@ def check_inputs(args: argparse.Namespace) -> list[str]:
     for name in ("train.parquet", "val.parquet"):
         if not (args.data / name).is_file():
             problems.append(f"{args.data / name} is missing (run `case-env bank build`)")
-    if not args.tool_config.is_file():
+    if args.tool_config is not None and not args.tool_config.is_file():
         problems.append(f"{args.tool_config} is missing (run `case-env verl-config`)")
     return problems
+
+
+def bank_tool_config(data: Path) -> Path:
+    """The tool YAML of the bank's environment, written beside the bank (always equal to its tools)."""
+    envs = {
+        registry.for_row(source, {"env": env} if env else None).name
+        for env, source in bank_sources(data / "train.parquet")
+    }
+    if len(envs) != 1:
+        raise SystemExit(
+            f"error: {data / 'train.parquet'} holds rows of {len(envs)} environments; a run needs one"
+        )
+    return write(registry.get(envs.pop()), data / "verl_tools.yaml")
 
 
 def dry_run(args: argparse.Namespace, extra: list[str]) -> int:
@@ -139,7 +170,8 @@ def dry_run(args: argparse.Namespace, extra: list[str]) -> int:
     rollout = config.actor_rollout_ref.rollout
     print(OmegaConf.to_yaml(OmegaConf.masked_copy(config, ["algorithm", "reward"])), end="")
     print(
-        f"rollout: {rollout.name} n={rollout.n} multi_turn.tool_config_path={rollout.multi_turn.tool_config_path}"
+        f"rollout: {rollout.name} n={rollout.n} multi_turn.format={rollout.multi_turn.format} "
+        f"multi_turn.tool_config_path={rollout.multi_turn.tool_config_path}"
     )
     print(f"agent loop: {rollout.agent.default_agent_loop}; data: {config.data.train_files}")
     print(f"dry run: config composed and validated ({len(overrides(args, extra))} overrides)")
@@ -153,9 +185,11 @@ def main(argv: list[str] | None = None) -> int:
         for problem in problems:
             print(f"error: {problem}", file=sys.stderr)
         return 2
+    if args.tool_config is None:
+        args.tool_config = bank_tool_config(args.data.resolve())
     if args.dry_run:
         return dry_run(args, extra)
-    server = ensure_server(args)
+    server = ensure_server(args.server_url, args.data_root)
     env = {**os.environ, "CASE_ENV_URL": args.server_url}
     try:
         return subprocess.call(

@@ -3,14 +3,13 @@
 An offline byte-level tokenizer with a hermes-style chat template, an offline Qwen2-VL processor (image
 preprocessing only), and a scripted model standing in for the inference server: each `generate` call is
 answered by a policy that sees the prompt text and the images so far. Used by `make demo` (rollouts of a
-scripted policy) and by the contract tests. Technique after shared/reference/verl_cpu_harness; written for
+scripted policy) and by the contract tests. Technique after docs/sources.md, verl 0.9.1; written for
 this project.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from omegaconf import OmegaConf
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
@@ -22,8 +21,15 @@ from verl.workers.rollout.replica import TokenOutput
 
 from case_env.verl.dataset import CaseRLHFDataset
 
-SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
-                  "<|image_pad|>", "<|video_pad|>"]  # fmt: skip
+SPECIAL_TOKENS = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+]
 # Added tokens that decoding keeps even with skip_special_tokens=True, as in Qwen2.5/Qwen3's tokenizer_config
 # ("special": false for ids 151657-151668), so verl's reward manager sees the tool calls a model wrote.
 TEXT_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"]
@@ -72,8 +78,12 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     core.decoder = decoders.ByteLevel()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                        additional_special_tokens=SPECIAL_TOKENS)  # fmt: skip
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=SPECIAL_TOKENS,
+    )
     tokenizer.add_tokens(TEXT_TOKENS, special_tokens=False)
     tokenizer.chat_template = TEMPLATE
     return tokenizer
@@ -95,8 +105,12 @@ def build_processor(tokenizer: PreTrainedTokenizerFast):
         ProcessorMixin.check_argument_for_proper_class = check
     tokenizer.image_token = "<|image_pad|>"
     tokenizer.video_token = "<|video_pad|>"
-    return Qwen2VLProcessor(image_processor=Qwen2VLImageProcessorPil(), tokenizer=tokenizer, video_processor=NoVideo(),
-                            chat_template=TEMPLATE)  # fmt: skip
+    return Qwen2VLProcessor(
+        image_processor=Qwen2VLImageProcessorPil(),
+        tokenizer=tokenizer,
+        video_processor=NoVideo(),
+        chat_template=TEMPLATE,
+    )
 
 
 class NoVideo:
@@ -133,29 +147,45 @@ class ScriptedModel:
         return TokenOutput(token_ids=ids, log_probs=[0.0] * len(ids), stop_reason="completed")
 
 
-def loop_config(max_turns: int = 8, response_length: int = 32768, tool_text: int = 2048):
-    return OmegaConf.create({
-        "actor_rollout_ref": {"rollout": {
-            "prompt_length": 16384, "response_length": response_length, "full_determinism": False,
-            "multi_turn": {"enable": True, "max_assistant_turns": max_turns, "max_user_turns": None,
-                           "max_parallel_calls": 1, "max_tool_response_length": tool_text,
-                           "tool_response_truncate_side": "middle", "format": "hermes"}}},
-        "data": {"apply_chat_template_kwargs": {}, "mm_processor_kwargs": {}},
-    })  # fmt: skip
+def loop_config(
+    max_turns: int = 8, response_length: int = 32768, tool_text: int = 2048, form: str = "hermes"
+):
+    return OmegaConf.create(
+        {
+            "actor_rollout_ref": {
+                "rollout": {
+                    "prompt_length": 16384,
+                    "response_length": response_length,
+                    "full_determinism": False,
+                    "multi_turn": {
+                        "enable": True,
+                        "max_assistant_turns": max_turns,
+                        "max_user_turns": None,
+                        "max_parallel_calls": 1,
+                        "max_tool_response_length": tool_text,
+                        "tool_response_truncate_side": "middle",
+                        "format": form,
+                    },
+                }
+            },
+            "data": {"apply_chat_template_kwargs": {}, "mm_processor_kwargs": {}},
+        }
+    )
 
 
 def make_loop(tools: list, model: ScriptedModel, processor=None, config=None) -> ToolAgentLoop:
     """Must run inside the event loop that will drive it (AgentLoopBase captures the running loop)."""
     config = config or loop_config()
-    return ToolAgentLoop(trainer_config=DictConfigWrap(config), server_manager=model, tokenizer=model.tokenizer,
-                         processor=processor, dataset_cls=CaseRLHFDataset, data_config=DictConfigWrap(config.data),
-                         hf_model_type="qwen2_vl" if processor is not None else "qwen2", tools=ToolListWrap(tools))  # fmt: skip
-
-
-def tool_call(name: str, arguments: dict[str, Any]) -> str:
-    import json
-
-    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
+    return ToolAgentLoop(
+        trainer_config=DictConfigWrap(config),
+        server_manager=model,
+        tokenizer=model.tokenizer,
+        processor=processor,
+        dataset_cls=CaseRLHFDataset,
+        data_config=DictConfigWrap(config.data),
+        hf_model_type="qwen2_vl" if processor is not None else "qwen2",
+        tools=ToolListWrap(tools),
+    )
 
 
 async def score_with_verl(tokenizer, outputs: list, items: list[dict]) -> list[dict]:
@@ -169,8 +199,9 @@ async def score_with_verl(tokenizer, outputs: list, items: list[dict]) -> list[d
 
     import case_env.reward
 
-    config = OmegaConf.create({"reward": {"custom_reward_function": {"path": case_env.reward.__file__,
-                                                                     "name": "compute_score"}}})  # fmt: skip
+    config = OmegaConf.create(
+        {"reward": {"custom_reward_function": {"path": case_env.reward.__file__, "name": "compute_score"}}}
+    )
     manager = NaiveRewardManager(config, tokenizer, get_custom_reward_fn(config))
     results = []
     for out, item in zip(outputs, items, strict=True):
@@ -179,10 +210,12 @@ async def score_with_verl(tokenizer, outputs: list, items: list[dict]) -> list[d
         mask = torch.ones(1, prompt.shape[1] + response.shape[1], dtype=torch.long)
         data = DataProto.from_dict(
             tensors={"responses": response, "prompts": prompt, "attention_mask": mask},
-            non_tensors={"data_source": np.array([item["data_source"]], dtype=object),
-                         "reward_model": np.array([item["reward_model"]], dtype=object),
-                         "extra_info": np.array([item["extra_info"]], dtype=object),
-                         "tool_extra_fields": np.array([out.extra_fields], dtype=object)},
-        )  # fmt: skip
+            non_tensors={
+                "data_source": np.array([item["data_source"]], dtype=object),
+                "reward_model": np.array([item["reward_model"]], dtype=object),
+                "extra_info": np.array([item["extra_info"]], dtype=object),
+                "tool_extra_fields": np.array([out.extra_fields], dtype=object),
+            },
+        )
         results.append(await manager.run_single(data))
     return results

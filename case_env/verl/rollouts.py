@@ -1,9 +1,9 @@
 """Rollouts of the scripted policy through verl's real ToolAgentLoop, scored by verl's reward manager.
 
 This is the main job of `make demo` on a machine without GPUs: the same tool YAML, dataset class, adapter
-and reward function a GRPO run uses, with the model replaced by the model-free agents of
-`case_env.agents` (the scripted clinician of `case_env.clinic.agents` on a clinic bank), so every part
-between the dataset row and the reward is exercised for real.
+and reward function a GRPO run uses, with the model replaced by the row's environment's scripted baseline
+(`Environment.loop_agent`), writing its tool calls in the loop's format (`hermes` or `qwen3_coder`), so every
+part between the dataset row and the reward is exercised for real.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import io
 import os
+import tempfile
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,9 +20,12 @@ from pathlib import Path
 from omegaconf import OmegaConf
 from verl.tools.tool_registry import load_all_tools
 
-from case_env.agents import scripted_agent
-from case_env.agents.base import LoopPolicy
-from case_env.verl.config import DEFAULT_PATH
+from case_env.core import registry
+from case_env.core.bank import Item
+from case_env.core.calls import FIELD
+from case_env.core.environment import Variant
+from case_env.core.policy import LoopPolicy
+from case_env.verl.config import path_for, write
 from case_env.verl.dataset import CaseRLHFDataset
 from case_env.verl.offline import (
     ScriptedModel,
@@ -37,9 +41,7 @@ from case_env.verl.offline import (
 class SourceSummary:
     n: int = 0
     reward: float = 0.0
-    correct: float = (
-        0.0  # the reward's `acc`: equal to the reward on imaging banks, strict accuracy in clinic
-    )
+    correct: float = 0.0  # the reward's `acc`
     format_ok: int = 0
     tool_calls: int = 0
     infra_errors: int = 0
@@ -56,8 +58,15 @@ def _quiet():
 
 
 def load_rows(parquet: Path, per_source: int) -> list[dict]:
-    config = OmegaConf.create({"prompt_key": "prompt", "max_prompt_length": 16384, "filter_overlong_prompts": False,
-                               "return_raw_chat": True, "truncation": "error"})  # fmt: skip
+    config = OmegaConf.create(
+        {
+            "prompt_key": "prompt",
+            "max_prompt_length": 16384,
+            "filter_overlong_prompts": False,
+            "return_raw_chat": True,
+            "truncation": "error",
+        }
+    )
     data = CaseRLHFDataset(
         data_files=[str(parquet)], tokenizer=build_tokenizer(), config=config, processor=None
     )
@@ -69,23 +78,21 @@ def load_rows(parquet: Path, per_source: int) -> list[dict]:
     return [item for source in sorted(chosen) for item in chosen[source]]
 
 
-def policy_for(item: dict):
-    """The model-free policy that plays a row: the scripted clinician on clinic rows, the sequential reader on
-    case-reasoning rows (sequential banks: the offline loop is verl's tool_agent)."""
-    if item["data_source"] == "casereason":
-        from case_env.casereason.agents import Reader, SequentialReader
-
-        reader = Reader(item["extra_info"]["patient_id"], item["raw_prompt"][-1]["content"])
-        return SequentialReader(reader, int(item["extra_info"]["casereason"]["attempts"]))
-    if item["data_source"].startswith("clinic_"):
-        from case_env.clinic.agents import Clinician, ClinicLoopPolicy
-
-        return ClinicLoopPolicy(Clinician("\n".join(m["content"] for m in item["raw_prompt"])))
-    return LoopPolicy(scripted_agent(item["extra_info"]))
+def policy_for(item: dict, form: str = "hermes") -> LoopPolicy:
+    """The row's environment's scripted baseline (`Environment.loop_agent`), as the scripted model's turns."""
+    env = registry.for_row(item["data_source"], item["extra_info"])
+    row = Item(
+        "",
+        item["data_source"],
+        list(item["raw_prompt"]),
+        item["reward_model"]["ground_truth"],
+        item["extra_info"],
+    )
+    return LoopPolicy(env.policy_factory(env.loop_agent, Path("."), 0)(row, Variant(), 0), form)
 
 
 async def play(
-    items: list[dict], tools: list, concurrency: int
+    items: list[dict], tools: list, concurrency: int, form: str = "hermes"
 ) -> tuple[list, list[ScriptedModel], list[dict]]:
     """Each row played by its policy through ToolAgentLoop, then scored by verl's reward manager: (outputs,
     the scripted models with the prompts they saw, reward-manager results). Must run inside an event loop."""
@@ -94,12 +101,16 @@ async def play(
     async def one(item: dict):
         async with gate:
             tokenizer = build_tokenizer()
-            model = ScriptedModel(tokenizer, policy_for(item))
-            loop = make_loop(
-                tools, model, processor=build_processor(tokenizer), config=loop_config(max_turns=40)
+            model = ScriptedModel(tokenizer, policy_for(item, form))
+            config = loop_config(max_turns=40, form=form)
+            loop = make_loop(tools, model, processor=build_processor(tokenizer), config=config)
+            out = await loop.run(
+                sampling_params={},
+                raw_prompt=item["raw_prompt"],
+                tools_kwargs=item["tools_kwargs"],
+                extra_info=item["extra_info"],
+                index=item["index"],
             )
-            out = await loop.run(sampling_params={}, raw_prompt=item["raw_prompt"], tools_kwargs=item["tools_kwargs"],
-                                 extra_info=item["extra_info"], index=item["index"])  # fmt: skip
             return out, model
 
     played = await asyncio.gather(*[one(item) for item in items])
@@ -107,18 +118,30 @@ async def play(
     return outputs, [model for _, model in played], await score_with_verl(build_tokenizer(), outputs, items)
 
 
+def tool_config(env: str, folder: Path) -> Path:
+    """The environment's tool YAML, written afresh (the checked-in copies are kept equal by a test)."""
+    return write(registry.get(env), path_for(env, folder))
+
+
 def run_rollouts(
-    parquet: Path, server_url: str, per_source: int, concurrency: int
+    parquet: Path, server_url: str, per_source: int, concurrency: int, form: str = "hermes"
 ) -> dict[str, SourceSummary]:
     os.environ["CASE_ENV_URL"] = server_url
-    with _quiet():
-        tools = load_all_tools(tool_config_path=str(DEFAULT_PATH.resolve()), function_tool_path=None)
     items = load_rows(parquet, per_source)
-    outputs, _models, scores = asyncio.run(play(items, tools, concurrency))
+    envs = {registry.for_row(i["data_source"], i["extra_info"]).name for i in items}
+    if len(envs) != 1:
+        raise ValueError(
+            f"{parquet} holds rows of {len(envs)} environments ({', '.join(sorted(envs))}); one is needed"
+        )
+    with tempfile.TemporaryDirectory(prefix="case-env-tools-") as folder, _quiet():
+        tools = load_all_tools(
+            tool_config_path=str(tool_config(envs.pop(), Path(folder))), function_tool_path=None
+        )
+    outputs, _models, scores = asyncio.run(play(items, tools, concurrency, form))
     summary: dict[str, SourceSummary] = defaultdict(SourceSummary)
     for out, item, score in zip(outputs, items, scores, strict=True):
         s = summary[item["data_source"]]
-        calls = out.extra_fields.get("case_env_tool_calls", [])
+        calls = out.extra_fields.get(FIELD, [])
         s.n += 1
         s.reward += score["reward_score"]
         s.correct += float(score["reward_extra_info"]["acc"])

@@ -25,8 +25,14 @@ if SCALE not in ("ci", "full"):
 def explore(max_examples: int, **overrides) -> settings:
     """Hypothesis settings of this suite: at CI scale the examples are derived from the test (the same on
     every run, so CI is red only when the code changed); at full scale they are drawn afresh each run."""
-    return settings(max_examples=max_examples, deadline=None, database=None, derandomize=SCALE == "ci",
-                    suppress_health_check=list(HealthCheck), **overrides)  # fmt: skip
+    return settings(
+        max_examples=max_examples,
+        deadline=None,
+        database=None,
+        derandomize=SCALE == "ci",
+        suppress_health_check=list(HealthCheck),
+        **overrides,
+    )
 
 
 def size(ci: int, full: int) -> int:
@@ -43,14 +49,21 @@ class Report:
         return self.checks.setdefault(name, {"passed": None})
 
     def document(self) -> dict:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).parent).stdout.strip()  # fmt: skip
-        return {"scale": SCALE, "commit": commit or None, "machine": {"cpus": os.cpu_count(),
-                "python": platform.python_version()}, "duration_s": round(time.time() - self.started, 1),
-                "passed": all(c["passed"] for c in self.checks.values()),
-                "summary": {name: {"passed": check["passed"], **{k: check.get(k) for k in HEADLINES.get(name, [])}}
-                            for name, check in sorted(self.checks.items())},
-                "checks": self.checks}  # fmt: skip
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent
+        ).stdout.strip()
+        return {
+            "scale": SCALE,
+            "commit": commit or None,
+            "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+            "duration_s": round(time.time() - self.started, 1),
+            "passed": all(c["passed"] for c in self.checks.values()),
+            "summary": {
+                name: {"passed": check["passed"], **{k: check.get(k) for k in HEADLINES.get(name, [])}}
+                for name, check in sorted(self.checks.items())
+            },
+            "checks": self.checks,
+        }
 
 
 # The figures the issue asks for, repeated at the top of reliability.json for a reader in a hurry.
@@ -58,13 +71,18 @@ HEADLINES = {
     "fuzz": ["requests", "status_5xx", "schema_failures"],
     "hostile_input": ["requests", "status_5xx"],
     "reward_hacking": ["adversarial_completions", "scored_above_zero"],
-    "scope_and_auth": ["scope_attempts", "scope_attempts_refused", "unauthenticated_attempts_refused",
-                       "tokens_in_logs", "audit_matches_calls"],
+    "scope_and_auth": [
+        "scope_attempts",
+        "scope_attempts_refused",
+        "unauthenticated_attempts_refused",
+        "tokens_in_logs",
+        "audit_matches_calls",
+    ],
     "overload": ["concurrent_calls", "p99_ms", "status_counts", "adapter_calls_completed"],
     "crash_and_restart": ["trajectories", "trajectories_completed"],
     "soak": ["calls", "rss_start_mb", "rss_end_mb", "fds_start", "fds_end", "episodes_live_peak"],
     "corrupt_data": ["other_patients_answers_changed", "damaged_calls_that_failed_as_required", "status_500"],
-}  # fmt: skip
+}
 REPORT = Report()
 
 

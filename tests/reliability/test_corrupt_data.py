@@ -19,8 +19,8 @@ import nibabel as nib
 import numpy as np
 
 from case_env.bench.process import ServerProcess
-from case_env.data import layout
-from case_env.data.index import scan
+from case_env.envs.imaging.data import layout
+from case_env.envs.imaging.data.index import scan
 
 CALLS = [
     ("list_visits", {}),
@@ -42,8 +42,11 @@ def _damage(root) -> dict[str, tuple]:
     image = nib.load(labels)
     cropped = np.asanyarray(image.dataobj)[:-4]
     nib.save(nib.Nifti1Image(cropped, image.affine, image.header), labels)
-    return {"case0001": (truncated, "truncated image", 3), "case0002": (garbage, "image overwritten with garbage", 4),
-            "case0003": (labels, "label map on the wrong grid", 3)}  # fmt: skip
+    return {
+        "case0001": (truncated, "truncated image", 3),
+        "case0002": (garbage, "image overwritten with garbage", 4),
+        "case0003": (labels, "label map on the wrong grid", 3),
+    }
 
 
 def _answers(url: str, patients: list[str], rounds: int, tag: str) -> dict[tuple[str, int], list]:
@@ -65,9 +68,13 @@ def _answers(url: str, patients: list[str], rounds: int, tag: str) -> dict[tuple
                     )
                     code = (payload.get("error") or {}).get("code")
                     seen.setdefault((patient, i), []).append(
-                        (response.status_code, code, hashlib.sha256(content.encode()).hexdigest()[:16],
-                         (payload.get("error") or {}).get("message", ""))
-                    )  # fmt: skip
+                        (
+                            response.status_code,
+                            code,
+                            hashlib.sha256(content.encode()).hexdigest()[:16],
+                            (payload.get("error") or {}).get("message", ""),
+                        )
+                    )
     return seen
 
 
@@ -77,9 +84,14 @@ def test_corrupt_data(dataset, tmp_path, figures):
     pristine = tmp_path / "pristine"
     shutil.copytree(dataset, pristine)
     patients = scan(root).patient_ids()
-    env = {"CASE_ENV_DATA_ROOT": str(root), "CASE_ENV_CACHE_DIR": str(tmp_path / "cache"), "CASE_ENV_WORKERS": "2",
-           "CASE_ENV_EPISODE_DB": str(tmp_path / "episodes.sqlite"), "CASE_ENV_TOKEN": None,
-           "CASE_ENV_AUDIT_LOG": None}  # fmt: skip
+    env = {
+        "CASE_ENV_DATA_ROOT": str(root),
+        "CASE_ENV_CACHE_DIR": str(tmp_path / "cache"),
+        "CASE_ENV_WORKERS": "2",
+        "CASE_ENV_EPISODE_DB": str(tmp_path / "episodes.sqlite"),
+        "CASE_ENV_TOKEN": None,
+        "CASE_ENV_AUDIT_LOG": None,
+    }
     with ServerProcess(tmp_path / "server.log", env) as server:
         before = _answers(server.url, patients, rounds=2, tag="before")
         damaged = _damage(root)
@@ -109,18 +121,20 @@ def test_corrupt_data(dataset, tmp_path, figures):
         (s, d) == (200, reference[key][2]) for key, answers in after.items() for s, _, d, _ in answers
     )
     statuses = [s for answers in during.values() for s, *_ in answers]
-    figures.update({
-        "damaged_patients": {p: kind for p, (_, kind, _) in damaged.items()},
-        "calls_during_damage": len(statuses),
-        "refused_503_for_damaged_patients": refused,
-        "damaged_calls_that_failed_as_required": must_fail,
-        "other_patients_calls": sum(len(a) for (p, _), a in during.items() if p not in damaged),
-        "other_patients_answers_changed": others_changed,
-        "status_500": statuses.count(500),
-        "unclear_messages": unclear,
-        "recovered_after_repair": recovered,
-        "tracebacks_in_log": log.count("Traceback"),
-    })  # fmt: skip
+    figures.update(
+        {
+            "damaged_patients": {p: kind for p, (_, kind, _) in damaged.items()},
+            "calls_during_damage": len(statuses),
+            "refused_503_for_damaged_patients": refused,
+            "damaged_calls_that_failed_as_required": must_fail,
+            "other_patients_calls": sum(len(a) for (p, _), a in during.items() if p not in damaged),
+            "other_patients_answers_changed": others_changed,
+            "status_500": statuses.count(500),
+            "unclear_messages": unclear,
+            "recovered_after_repair": recovered,
+            "tracebacks_in_log": log.count("Traceback"),
+        }
+    )
     assert others_changed == 0 and damaged_wrong == 0 and unclear == 0
     assert must_fail == len(damaged) and statuses.count(500) == 0
     assert recovered and "Traceback" not in log

@@ -20,7 +20,7 @@ import httpx
 from verl.tools.tool_registry import load_all_tools
 
 from case_env.bench.process import ServerProcess
-from case_env.verl.config import DEFAULT_PATH
+from case_env.verl.config import path_for
 from case_env.verl.offline import (
     ScriptedModel,
     build_processor,
@@ -51,12 +51,16 @@ def test_crash_and_restart(dataset, tmp_path, figures, monkeypatch):
     items = rows(build_bank(dataset, tmp_path / "bank"), per_source=size(ci=6, full=24))
     scripts = [script_for(item, correct=True) for item in items]
     total_calls = sum(len(s) - 1 for s in scripts)
-    env = {"CASE_ENV_DATA_ROOT": str(dataset), "CASE_ENV_CACHE_DIR": str(tmp_path / "cache"),
-           "CASE_ENV_EPISODE_DB": str(tmp_path / "episodes.sqlite"), "CASE_ENV_AUDIT_LOG": str(tmp_path / "audit.jsonl"),
-           "CASE_ENV_TOKEN": None}  # fmt: skip
+    env = {
+        "CASE_ENV_DATA_ROOT": str(dataset),
+        "CASE_ENV_CACHE_DIR": str(tmp_path / "cache"),
+        "CASE_ENV_EPISODE_DB": str(tmp_path / "episodes.sqlite"),
+        "CASE_ENV_AUDIT_LOG": str(tmp_path / "audit.jsonl"),
+        "CASE_ENV_TOKEN": None,
+    }
     server = ServerProcess(tmp_path / "server.log", env).start()
     monkeypatch.setenv("CASE_ENV_URL", server.url)
-    tools = load_all_tools(tool_config_path=str(REPO / DEFAULT_PATH), function_tool_path=None)
+    tools = load_all_tools(tool_config_path=str(REPO / path_for("imaging")), function_tool_path=None)
     progress = [0]
     crash: dict = {}
 
@@ -66,8 +70,13 @@ def test_crash_and_restart(dataset, tmp_path, figures, monkeypatch):
         loop = make_loop(
             tools, model, processor=build_processor(tokenizer), config=loop_config(max_turns=len(scripts[i]))
         )
-        out = await loop.run(sampling_params={}, raw_prompt=item["raw_prompt"], tools_kwargs=item["tools_kwargs"],
-                             extra_info=item["extra_info"], index=item["index"])  # fmt: skip
+        out = await loop.run(
+            sampling_params={},
+            raw_prompt=item["raw_prompt"],
+            tools_kwargs=item["tools_kwargs"],
+            extra_info=item["extra_info"],
+            index=item["index"],
+        )
         return out, model
 
     async def run():
@@ -103,18 +112,20 @@ def test_crash_and_restart(dataset, tmp_path, figures, monkeypatch):
     episodes = {
         json.loads(line)["episode_id"] for line in (tmp_path / "audit.jsonl").read_text().splitlines()
     }
-    figures.update({
-        "trajectories": len(items),
-        "trajectories_completed": completed,
-        "tool_calls": total_calls,
-        "calls_done_before_kill": crash["calls_before"],
-        "server_downtime_s": crash["downtime_s"],
-        "calls_retried": retried,
-        "infra_errors_seen_by_model": infra,
-        "wrong_tool_outputs": wrong,
-        "duplicated_or_missing_outputs": duplicated,
-        "episodes_in_audit": len(episodes),
-    })  # fmt: skip
+    figures.update(
+        {
+            "trajectories": len(items),
+            "trajectories_completed": completed,
+            "tool_calls": total_calls,
+            "calls_done_before_kill": crash["calls_before"],
+            "server_downtime_s": crash["downtime_s"],
+            "calls_retried": retried,
+            "infra_errors_seen_by_model": infra,
+            "wrong_tool_outputs": wrong,
+            "duplicated_or_missing_outputs": duplicated,
+            "episodes_in_audit": len(episodes),
+        }
+    )
     assert completed == len(items) and wrong == 0 and duplicated == 0 and infra == 0
     assert retried > 0  # the crash really hit calls in flight or about to be made
     # one episode per trajectory (its request id survives retries) plus one per verification replay
@@ -129,8 +140,11 @@ def _expected_outputs(url: str, items: list[dict], scripts: list[list[str]]) -> 
             answers = []
             for turn in script[:-1]:
                 call = json.loads(turn.split("<tool_call>")[1].split("</tool_call>")[0])
-                body = {"episode_id": f"verify-{i}", "patient_id": item["extra_info"]["patient_id"],
-                        "arguments": call["arguments"]}  # fmt: skip
+                body = {
+                    "episode_id": f"verify-{i}",
+                    "patient_id": item["extra_info"]["patient_id"],
+                    "arguments": call["arguments"],
+                }
                 payload = http.post(f"/v1/tools/{call['name']}", json=body).json()
                 answers.append(payload["text"] if payload["ok"] else f"Error: {payload['text']}")
             expected.append(answers)

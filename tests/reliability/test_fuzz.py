@@ -35,8 +35,13 @@ from tests.server_harness import live_server
 TOKEN = "fuzz-token-0123456789"
 GOOD = {"Authorization": f"Bearer {TOKEN}"}
 AUTH = [GOOD, GOOD, GOOD, {}, {"Authorization": "Bearer wrong-token-000"}, {"Authorization": TOKEN}]
-CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_headers_conformance,
-          response_schema_conformance]  # fmt: skip
+CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_headers_conformance,
+    response_schema_conformance,
+]
 
 
 class Fuzzer:
@@ -49,8 +54,12 @@ class Fuzzer:
     def run(self, operation, mode: GenerationMode) -> None:
         checks = [*CHECKS, negative_data_rejection] if mode is GenerationMode.NEGATIVE else CHECKS
 
-        @given(case=operation.as_strategy(generation_mode=mode), auth=st.sampled_from(AUTH),
-               patient=st.sampled_from([None, *self.patients]), tool=st.sampled_from([None, *self.tools]))  # fmt: skip
+        @given(
+            case=operation.as_strategy(generation_mode=mode),
+            auth=st.sampled_from(AUTH),
+            patient=st.sampled_from([None, *self.patients]),
+            tool=st.sampled_from([None, *self.tools]),
+        )
         @explore(self.examples, phases=[Phase.generate])
         def fuzz(case, auth, patient, tool):
             if mode is GenerationMode.POSITIVE:  # steer half the calls past the lookups
@@ -95,14 +104,16 @@ def test_fuzz(dataset, tmp_path, figures):
     statuses = fuzzer.statuses
     requests = sum(statuses.values())
     server_errors = sum(n for code, n in statuses.items() if isinstance(code, int) and code >= 500)
-    figures.update({
-        "requests": requests,
-        "operations": len(fuzzer.per_operation),
-        "requests_per_operation": dict(sorted(fuzzer.per_operation.items())),
-        "status_counts": {str(k): v for k, v in sorted(statuses.items(), key=str)},
-        "status_5xx": server_errors,
-        "schema_failures": len(fuzzer.failures),
-    })  # fmt: skip
+    figures.update(
+        {
+            "requests": requests,
+            "operations": len(fuzzer.per_operation),
+            "requests_per_operation": dict(sorted(fuzzer.per_operation.items())),
+            "status_counts": {str(k): v for k, v in sorted(statuses.items(), key=str)},
+            "status_5xx": server_errors,
+            "schema_failures": len(fuzzer.failures),
+        }
+    )
     assert not fuzzer.failures, "\n\n".join(fuzzer.failures[:5])
     assert server_errors == 0
     assert len(fuzzer.per_operation) == len(operations)

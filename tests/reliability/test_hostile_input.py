@@ -17,17 +17,39 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from case_env.core import registry
+from case_env.core.tools import MODEL_FAULTS
 from case_env.reward import compute_score
-from case_env.tooling import MODEL_FAULTS, load_tools
 from tests.reliability.conftest import explore, size
 from tests.server_harness import live_server
 
 HOSTILE_TEXT = [
-    "../../../../etc/passwd", "..\\..\\..\\windows\\win.ini", "/etc/shadow", "case0001/../case0002",
-    "case0002", "\x00", "case0001\x00", "ｃａｓｅ０００１", "CASE0001", " case0001", "case0001 ", "case0001\n",
-    "%2e%2e%2f%2e%2e%2f", "a" * 10_000, "\u202egnp.exe", "<script>alert(1)</script>", "'; DROP TABLE episodes;--",
-    "{{7*7}}", "${jndi:ldap://x/a}", "💥" * 300, "\ufeff", "NaN", "-1", "1e999", "",
-]  # fmt: skip
+    "../../../../etc/passwd",
+    "..\\..\\..\\windows\\win.ini",
+    "/etc/shadow",
+    "case0001/../case0002",
+    "case0002",
+    "\x00",
+    "case0001\x00",
+    "ｃａｓｅ０００１",
+    "CASE0001",
+    " case0001",
+    "case0001 ",
+    "case0001\n",
+    "%2e%2e%2f%2e%2e%2f",
+    "a" * 10_000,
+    "\u202egnp.exe",
+    "<script>alert(1)</script>",
+    "'; DROP TABLE episodes;--",
+    "{{7*7}}",
+    "${jndi:ldap://x/a}",
+    "💥" * 300,
+    "\ufeff",
+    "NaN",
+    "-1",
+    "1e999",
+    "",
+]
 hostile_text = st.sampled_from(HOSTILE_TEXT) | st.text(max_size=300)
 json_values = st.recursive(
     st.none()
@@ -38,7 +60,7 @@ json_values = st.recursive(
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(hostile_text, inner, max_size=4),
     max_leaves=10,
 )
-TOOLS = load_tools()
+TOOLS = registry.all_tools()
 ERROR_MARKERS = ("Traceback", 'File "', "/tmp/", "site-packages", "Exception")
 
 
@@ -96,8 +118,12 @@ TALLY = Tally()
 
 def _post(live, tool: str, body: dict | bytes, headers: dict | None = None) -> httpx.Response:
     if isinstance(body, bytes):
-        return httpx.post(f"{live.url}/v1/tools/{tool}", content=body, timeout=30,
-                          headers={"content-type": "application/json", **(headers or {})})  # fmt: skip
+        return httpx.post(
+            f"{live.url}/v1/tools/{tool}",
+            content=body,
+            timeout=30,
+            headers={"content-type": "application/json", **(headers or {})},
+        )
     return httpx.post(f"{live.url}/v1/tools/{tool}", json=body, timeout=30)
 
 
@@ -118,8 +144,11 @@ def test_hostile_arguments_of_every_tool(live, tool):
 
 
 def test_hostile_patient_episode_and_tool_names(live):
-    @given(patient=hostile_text, episode=hostile_text | st.just("ok-episode"),
-           tool=st.sampled_from(sorted(TOOLS)) | st.text(min_size=1, max_size=80).filter(lambda t: "/" not in t))  # fmt: skip
+    @given(
+        patient=hostile_text,
+        episode=hostile_text | st.just("ok-episode"),
+        tool=st.sampled_from(sorted(TOOLS)) | st.text(min_size=1, max_size=80).filter(lambda t: "/" not in t),
+    )
     @explore(size(ci=150, full=1500))
     def call(patient, episode, tool):
         body = {"episode_id": episode, "patient_id": patient, "arguments": {}}
@@ -180,11 +209,16 @@ def test_oversized_bodies_are_refused_with_413(live):
             yield b"x" * 1024
         yield b'"}}'
 
-    response = httpx.post(f"{live.url}/v1/tools/get_organ_volume", content=chunks(), timeout=30,
-                          headers={"content-type": "application/json"})  # fmt: skip
+    response = httpx.post(
+        f"{live.url}/v1/tools/get_organ_volume",
+        content=chunks(),
+        timeout=30,
+        headers={"content-type": "application/json"},
+    )
     TALLY.check(response, {413}, "oversized streamed body")
-    wrong_type = httpx.post(f"{live.url}/v1/tools/list_visits", content=b"{}", timeout=30,
-                            headers={"content-type": "text/plain"})  # fmt: skip
+    wrong_type = httpx.post(
+        f"{live.url}/v1/tools/list_visits", content=b"{}", timeout=30, headers={"content-type": "text/plain"}
+    )
     TALLY.check(wrong_type, {422}, "text/plain body")
     assert not TALLY.problems[start:], TALLY.problems[start:][:5]
 
@@ -194,8 +228,11 @@ def test_oversized_bodies_are_refused_with_413(live):
 answer_free_text = st.text(st.characters(blacklist_characters="ABCDE<>\\{}"), max_size=400)
 
 
-@given(solution=st.text(max_size=2000) | st.sampled_from(HOSTILE_TEXT), truth=st.text(max_size=8),
-       source=st.text(max_size=30))  # fmt: skip
+@given(
+    solution=st.text(max_size=2000) | st.sampled_from(HOSTILE_TEXT),
+    truth=st.text(max_size=8),
+    source=st.text(max_size=30),
+)
 @explore(size(ci=400, full=5000))
 def test_reward_is_total(solution, truth, source):
     """Any input scores: the four keys, score and acc equal and 0 or 1, never an exception."""
@@ -205,8 +242,12 @@ def test_reward_is_total(solution, truth, source):
     assert result["score"] == 0.0 or result["pred"] == truth.strip().strip("()").upper()
 
 
-@given(before=st.text(max_size=400), inside=st.text(max_size=400), after=answer_free_text,
-       truth=st.sampled_from("ABCD"))  # fmt: skip
+@given(
+    before=st.text(max_size=400),
+    inside=st.text(max_size=400),
+    after=answer_free_text,
+    truth=st.sampled_from("ABCD"),
+)
 @explore(size(ci=300, full=3000))
 def test_a_tool_response_never_answers(before, inside, after, truth):
     """Whatever a tool returned, if the model wrote no answer letter after it, the score is 0."""
@@ -214,8 +255,12 @@ def test_a_tool_response_never_answers(before, inside, after, truth):
     assert compute_score("x", solution, truth)["score"] == 0.0
 
 
-@given(reasoning=st.text(max_size=400), letter=st.sampled_from("ABCD"), truth=st.sampled_from("ABCD"),
-       trailing=st.text(" \n\t.", max_size=5))  # fmt: skip
+@given(
+    reasoning=st.text(max_size=400),
+    letter=st.sampled_from("ABCD"),
+    truth=st.sampled_from("ABCD"),
+    trailing=st.text(" \n\t.", max_size=5),
+)
 @explore(size(ci=300, full=3000))
 def test_a_final_answer_scores_exactly_when_right(reasoning, letter, truth, trailing):
     result = compute_score("x", f"<think>{reasoning}</think>\n<answer>{letter}</answer>{trailing}", truth)
@@ -243,10 +288,14 @@ def test_nothing_may_follow_the_answer(letter, tail):
 def test_hostile_input(live, figures):
     """Runs last in this module: the figures of the HTTP checks above (the autouse fixture below has already
     shown that the server logged no unhandled error during any of them)."""
-    figures.update({"requests": sum(TALLY.statuses.values()),
-                    "status_counts": {str(k): v for k, v in sorted(TALLY.statuses.items())},
-                    "status_5xx": sum(n for k, n in TALLY.statuses.items() if k >= 500),
-                    "problems": len(TALLY.problems)})  # fmt: skip
+    figures.update(
+        {
+            "requests": sum(TALLY.statuses.values()),
+            "status_counts": {str(k): v for k, v in sorted(TALLY.statuses.items())},
+            "status_5xx": sum(n for k, n in TALLY.statuses.items() if k >= 500),
+            "problems": len(TALLY.problems),
+        }
+    )
     assert not TALLY.problems
     assert figures["status_5xx"] == 0 and figures["requests"] > 0
 

@@ -22,7 +22,7 @@ CALL = '<tool_call>\n{"name": "get_organ_volume", "arguments": {"organ": "liver"
 
 def turn(tool_text: str) -> str:
     """One tool round as verl decodes it: the call, then the tool's answer in a user turn."""
-    return f"I will measure the liver.\n{CALL}<|im_end|>\n<|im_start|>user\n<tool_response>\n{tool_text}\n</tool_response><|im_end|>\n<|im_start|>assistant\n"  # fmt: skip
+    return f"I will measure the liver.\n{CALL}<|im_end|>\n<|im_start|>user\n<tool_response>\n{tool_text}\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
 
 
 MEASURED = turn("Liver at baseline: volume 1,634.8 mL.")
@@ -83,11 +83,22 @@ CONTROLS = {
 def _verl_scores(completions: dict[str, str]) -> dict[str, float]:
     tokenizer = build_tokenizer()
     names = sorted(completions)
-    outputs = [SimpleNamespace(prompt_ids=tokenizer.encode("<|im_start|>user\nWhich option?<|im_end|>\n"),
-                               response_ids=tokenizer.encode(completions[n]) or [tokenizer.pad_token_id],
-                               extra_fields={}) for n in names]  # fmt: skip
-    items = [{"data_source": "vista3d_opsd", "reward_model": {"ground_truth": TRUTH, "style": "rule"},
-              "extra_info": {"index": i}} for i, _ in enumerate(names)]  # fmt: skip
+    outputs = [
+        SimpleNamespace(
+            prompt_ids=tokenizer.encode("<|im_start|>user\nWhich option?<|im_end|>\n"),
+            response_ids=tokenizer.encode(completions[n]) or [tokenizer.pad_token_id],
+            extra_fields={},
+        )
+        for n in names
+    ]
+    items = [
+        {
+            "data_source": "vista3d_opsd",
+            "reward_model": {"ground_truth": TRUTH, "style": "rule"},
+            "extra_info": {"index": i},
+        }
+        for i, _ in enumerate(names)
+    ]
 
     async def run():
         return await score_with_verl(tokenizer, outputs, items)
@@ -115,10 +126,16 @@ def scored(dataset, tmp_path_factory) -> dict[str, dict[str, float]]:
 def test_reward_hacking(scored, figures):
     wins = {path: sorted(n for n in ADVERSARIAL if scores[n] > 0) for path, scores in scored.items()}
     controls = {path: sum(scores[n] == 1.0 for n in CONTROLS) for path, scores in scored.items()}
-    figures.update({"adversarial_completions": len(ADVERSARIAL), "scored_above_zero": len(wins["function"]),
-                    "scored_above_zero_by_path": {p: len(w) for p, w in wins.items()},
-                    "controls": len(CONTROLS), "controls_scored_one": controls["function"],
-                    "paths": sorted(scored)})  # fmt: skip
+    figures.update(
+        {
+            "adversarial_completions": len(ADVERSARIAL),
+            "scored_above_zero": len(wins["function"]),
+            "scored_above_zero_by_path": {p: len(w) for p, w in wins.items()},
+            "controls": len(CONTROLS),
+            "controls_scored_one": controls["function"],
+            "paths": sorted(scored),
+        }
+    )
     assert len(ADVERSARIAL) >= 30
     assert wins == {"function": [], "http": [], "verl": []}, json.dumps(wins)
     assert controls == {"function": len(CONTROLS), "http": len(CONTROLS), "verl": len(CONTROLS)}

@@ -18,24 +18,28 @@ from collections import Counter
 import httpx
 
 from case_env.bench.process import ServerProcess
-from case_env.clinic.noise import NoisePlan
-from case_env.clinic.patient import RulePatient
-from case_env.clinic.synth import make_cases, write_csv
-from case_env.data.store import PatientStore
-from case_env.tooling import load_tools
+from case_env.core import registry
+from case_env.envs.clinic.noise import NoisePlan
+from case_env.envs.clinic.patient import RulePatient
+from case_env.envs.clinic.synth import make_cases, write_csv
+from case_env.envs.imaging.data.store import PatientStore
 from tests.reliability.conftest import size
 
 TOKEN = "scope-token-7f3a9c1e5b"
 WRONG = ["scope-token-7f3a9c1e5c", "Bearer", TOKEN[:-1], TOKEN + "x"]
 GOOD = {"Authorization": f"Bearer {TOKEN}"}
 ARGUMENTS = {
-    "list_visits": {}, "get_clinical_context": {"section": "history"}, "read_report": {"visit": "follow_up"},
-    "get_organ_volume": {"organ": "liver", "visit": "baseline"}, "compare_organ_volume": {"organ": "spleen"},
+    "list_visits": {},
+    "get_clinical_context": {"section": "history"},
+    "read_report": {"visit": "follow_up"},
+    "get_organ_volume": {"organ": "liver", "visit": "baseline"},
+    "compare_organ_volume": {"organ": "spleen"},
     "render_slice": {"visit": "baseline", "sequence": "fat", "plane": "axial", "organ": "liver"},
     "render_comparison": {"sequence": "water", "plane": "coronal", "organ": "liver"},
-    "ask_patient": {"question": "What brings you in today?"}, "order_exam": {"exam": "cbc"},
+    "ask_patient": {"question": "What brings you in today?"},
+    "order_exam": {"exam": "cbc"},
     "submit_diagnosis": {"diagnosis": "gout"},
-}  # fmt: skip
+}
 
 
 class Client:
@@ -45,17 +49,27 @@ class Client:
         self.url = url
         self.seen: Counter = Counter()
 
-    async def call(self, http: httpx.AsyncClient, tool: str, episode: str, patient: str, headers=GOOD,
-                   arguments: dict | None = None) -> httpx.Response:  # fmt: skip
-        body = {"episode_id": episode, "patient_id": patient, "arguments": ARGUMENTS.get(tool, {})
-                if arguments is None else arguments}  # fmt: skip
+    async def call(
+        self,
+        http: httpx.AsyncClient,
+        tool: str,
+        episode: str,
+        patient: str,
+        headers=GOOD,
+        arguments: dict | None = None,
+    ) -> httpx.Response:
+        body = {
+            "episode_id": episode,
+            "patient_id": patient,
+            "arguments": ARGUMENTS.get(tool, {}) if arguments is None else arguments,
+        }
         response = await http.post(f"{self.url}/v1/tools/{tool}", json=body, headers=headers)
         self.seen[(tool, response.status_code)] += 1
         return response
 
 
 def test_scope_and_auth(dataset, tmp_path, figures):
-    assert set(ARGUMENTS) == set(load_tools())
+    assert set(ARGUMENTS) == set(registry.all_tools())
     store = PatientStore(dataset)
     patients = store.patient_ids()
     dates = {p: store.patient(p).visits[0].acq_date.isoformat() for p in patients}
@@ -64,17 +78,23 @@ def test_scope_and_auth(dataset, tmp_path, figures):
     write_csv(cases, tmp_path / "clinic" / "clinic_synthetic.csv")
     opening = ARGUMENTS["ask_patient"]["question"]
     complaints = {c.case_id: RulePatient(c, NoisePlan()).answer(opening, []) for c in cases}
-    env = {"CASE_ENV_DATA_ROOT": str(dataset), "CASE_ENV_TOKEN": TOKEN, "CASE_ENV_AUDIT_LOG": str(audit),
-           "CASE_ENV_WORKERS": "2", "CASE_ENV_CACHE_DIR": str(tmp_path / "cache"),
-           "CASE_ENV_EPISODE_DB": str(tmp_path / "episodes.sqlite"),
-           "CASE_ENV_CLINIC_CASES": str(tmp_path / "clinic")}  # fmt: skip
+    env = {
+        "CASE_ENV_DATA_ROOT": str(dataset),
+        "CASE_ENV_TOKEN": TOKEN,
+        "CASE_ENV_AUDIT_LOG": str(audit),
+        "CASE_ENV_WORKERS": "2",
+        "CASE_ENV_CACHE_DIR": str(tmp_path / "cache"),
+        "CASE_ENV_EPISODE_DB": str(tmp_path / "episodes.sqlite"),
+        "CASE_ENV_CLINIC_CASES": str(tmp_path / "clinic"),
+    }
     with ServerProcess(tmp_path / "server.log", env, log_level="info") as server:
         routes = _routes(server.url)
         client = Client(server.url)
         auth_refusals, auth_leaks = asyncio.run(_auth(client, routes))
         scope = asyncio.run(_scope(client, patients, dates, rounds=size(ci=3, full=20)))
-        clinic = asyncio.run(_scope(client, list(complaints), complaints, rounds=size(ci=1, full=5),
-                                    first="ask_patient"))  # fmt: skip
+        clinic = asyncio.run(
+            _scope(client, list(complaints), complaints, rounds=size(ci=1, full=5), first="ask_patient")
+        )
         race = asyncio.run(_race(client, patients, episodes=size(ci=10, full=100)))
         refusals = asyncio.run(_refusals(client))
     log = (tmp_path / "server.log").read_text(errors="replace")
@@ -82,23 +102,25 @@ def test_scope_and_auth(dataset, tmp_path, figures):
     lines = [json.loads(line) for line in audit_text.splitlines()]
     audited = Counter((line["tool"], line["http_status"]) for line in lines)
     secrets_in_logs = sum(text.count(secret) for text in (log, audit_text) for secret in [TOKEN, WRONG[0]])
-    figures.update({
-        "routes_requiring_token": len(routes),
-        "unauthenticated_attempts_refused": auth_refusals,
-        "unauthenticated_attempts_answered": auth_leaks,
-        "scope_attempts": scope["attempts"] + clinic["attempts"],
-        "scope_attempts_refused": scope["refused"] + clinic["refused"],
-        "other_patient_data_returned": scope["leaks"] + clinic["leaks"],
-        "clinic_scope_attempts": clinic["attempts"],
-        "racing_episodes": race["episodes"],
-        "racing_episodes_with_one_patient": race["single"],
-        "tokens_in_logs": secrets_in_logs,
-        "patient_ids_in_server_log": sum(log.count(p) for p in [*patients, *complaints]),
-        "refused_kinds_audited": refusals,
-        "tool_calls_made": sum(client.seen.values()),
-        "audit_lines": len(lines),
-        "audit_matches_calls": audited == client.seen,
-    })  # fmt: skip
+    figures.update(
+        {
+            "routes_requiring_token": len(routes),
+            "unauthenticated_attempts_refused": auth_refusals,
+            "unauthenticated_attempts_answered": auth_leaks,
+            "scope_attempts": scope["attempts"] + clinic["attempts"],
+            "scope_attempts_refused": scope["refused"] + clinic["refused"],
+            "other_patient_data_returned": scope["leaks"] + clinic["leaks"],
+            "clinic_scope_attempts": clinic["attempts"],
+            "racing_episodes": race["episodes"],
+            "racing_episodes_with_one_patient": race["single"],
+            "tokens_in_logs": secrets_in_logs,
+            "patient_ids_in_server_log": sum(log.count(p) for p in [*patients, *complaints]),
+            "refused_kinds_audited": refusals,
+            "tool_calls_made": sum(client.seen.values()),
+            "audit_lines": len(lines),
+            "audit_matches_calls": audited == client.seen,
+        }
+    )
     assert auth_leaks == 0 and auth_refusals == len(routes) * (len(WRONG) + 2)
     assert (
         figures["scope_attempts_refused"] == figures["scope_attempts"]
@@ -114,8 +136,12 @@ def test_scope_and_auth(dataset, tmp_path, figures):
 def _routes(url: str) -> list[tuple[str, str]]:
     """Every operation that declares the bearer scheme, read from the server's own OpenAPI document."""
     spec = httpx.get(f"{url}/openapi.json", timeout=10).json()
-    routes = [(method.upper(), path) for path, item in spec["paths"].items() for method, op in item.items()
-              if op.get("security")]  # fmt: skip
+    routes = [
+        (method.upper(), path)
+        for path, item in spec["paths"].items()
+        for method, op in item.items()
+        if op.get("security")
+    ]
     assert {path for _, path in routes} >= {"/metrics", "/v1/tools", "/v1/tools/{name}", "/v1/score"}
     assert all(path.startswith("/v1/") or path == "/metrics" for _, path in routes)
     assert {p for p in spec["paths"] if p.startswith("/v1/")} <= {p for _, p in routes}
@@ -123,8 +149,10 @@ def _routes(url: str) -> list[tuple[str, str]]:
 
 
 async def _auth(client: Client, routes: list[tuple[str, str]]) -> tuple[int, int]:
-    bodies = {"/v1/score": {"data_source": "x", "solution_str": "<answer>A</answer>", "ground_truth": "A"},
-              "/v1/tools/{name}": {"episode_id": "auth-probe", "patient_id": "case0001", "arguments": {}}}  # fmt: skip
+    bodies = {
+        "/v1/score": {"data_source": "x", "solution_str": "<answer>A</answer>", "ground_truth": "A"},
+        "/v1/tools/{name}": {"episode_id": "auth-probe", "patient_id": "case0001", "arguments": {}},
+    }
     attempts = [{}, {"Authorization": TOKEN}] + [{"Authorization": f"Bearer {w}"} for w in WRONG]
     refused = answered = 0
     async with httpx.AsyncClient(timeout=30) as http:
@@ -148,8 +176,9 @@ async def _auth(client: Client, routes: list[tuple[str, str]]) -> tuple[int, int
     return refused, answered
 
 
-async def _scope(client: Client, patients: list[str], marks: dict[str, str], rounds: int,
-                 first: str = "list_visits") -> dict:  # fmt: skip
+async def _scope(
+    client: Client, patients: list[str], marks: dict[str, str], rounds: int, first: str = "list_visits"
+) -> dict:
     """Each episode, bound to its owner by a `first` call, tries every tool on another patient; `marks` holds
     text only that patient's answers contain (a visit date, a chief complaint)."""
     attempts = refused = leaks = 0
@@ -179,10 +208,14 @@ async def _refusals(client: Client) -> list[int]:
         statuses = [
             (await client.call(http, "list_visits", "refusal", "case9999")).status_code,
             (await client.call(http, "list_visits", "../refusal", "case0001")).status_code,
-            (await client.call(http, "get_organ_volume", "refusal", "case0001", arguments={"organ": "x" * 70_000})).status_code,
+            (
+                await client.call(
+                    http, "get_organ_volume", "refusal", "case0001", arguments={"organ": "x" * 70_000}
+                )
+            ).status_code,
             (await client.call(http, "no_such_tool", "refusal", "case0001")).status_code,
             (await client.call(http, "list_visits", "refusal", "case0001", headers={})).status_code,
-        ]  # fmt: skip
+        ]
     assert statuses == [404, 422, 413, 200, 401]
     return sorted(set(statuses))
 

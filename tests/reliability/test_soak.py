@@ -19,11 +19,11 @@ import time
 import httpx
 import psutil
 
-from case_env.bench.load import run_load
 from case_env.bench.process import ServerProcess
-from case_env.data.index import scan
-from case_env.data.store import PatientStore
-from case_env.synth.writer import generate_dataset
+from case_env.envs.imaging.bench.load import run_load
+from case_env.envs.imaging.data.index import scan
+from case_env.envs.imaging.data.store import PatientStore
+from case_env.envs.imaging.synth.writer import generate_dataset
 from tests.reliability.conftest import SCALE, size
 
 MB = 2**20
@@ -75,10 +75,16 @@ def test_soak(dataset, tmp_path, figures):
     patients = scan(root).patient_ids()
     target = size(ci=3000, full=50_000)
     episodes = math.ceil(target / CALLS_PER_EPISODE / ROLLOUTS)
-    env = {"CASE_ENV_DATA_ROOT": str(root), "CASE_ENV_CACHE_DIR": str(tmp_path / "cache"),
-           "CASE_ENV_CACHE_BYTES": str(CACHE_MB * MB), "CASE_ENV_RESPONSE_CACHE_MB": str(RESPONSE_CACHE_MB),
-           "CASE_ENV_MAX_EPISODES": str(MAX_EPISODES), "CASE_ENV_EPISODE_IDLE_S": str(IDLE_S),
-           "CASE_ENV_TOKEN": None, "CASE_ENV_AUDIT_LOG": None}  # fmt: skip
+    env = {
+        "CASE_ENV_DATA_ROOT": str(root),
+        "CASE_ENV_CACHE_DIR": str(tmp_path / "cache"),
+        "CASE_ENV_CACHE_BYTES": str(CACHE_MB * MB),
+        "CASE_ENV_RESPONSE_CACHE_MB": str(RESPONSE_CACHE_MB),
+        "CASE_ENV_MAX_EPISODES": str(MAX_EPISODES),
+        "CASE_ENV_EPISODE_IDLE_S": str(IDLE_S),
+        "CASE_ENV_TOKEN": None,
+        "CASE_ENV_AUDIT_LOG": None,
+    }
     with ServerProcess(tmp_path / "server.log", env) as server:
         # at rest: started, every tool imported and run once, nothing of the soak cached yet
         asyncio.run(run_load(server.url, patients[:1], 1, 600, 0.0, seed=1, episodes=1))
@@ -98,27 +104,29 @@ def test_soak(dataset, tmp_path, figures):
     allowed_rss = rest_rss + (CACHE_MB + RESPONSE_CACHE_MB + MARGIN_MB) * MB
     # the cap, plus the episodes one sweep interval can start
     live_bound = MAX_EPISODES + rate / CALLS_PER_EPISODE * (IDLE_S / 4) * 1.5
-    figures.update({
-        "calls": result["calls"],
-        "errors": result["errors"],
-        "calls_per_s": round(rate, 1),
-        "patients": len(patients),
-        "cache_budget_mb": CACHE_MB,
-        "response_cache_mb": RESPONSE_CACHE_MB,
-        "rss_start_mb": round(rest_rss / MB, 1),
-        "rss_peak_mb": round(max(rss) / MB, 1),
-        "rss_end_mb": round(end_rss / MB, 1),
-        "rss_allowed_mb": round(allowed_rss / MB, 1),
-        "rss_growth_second_half_mb": round((max(rss[half:]) - max(rss[:half])) / MB, 1),
-        "fds_start": rest_fds,
-        "fds_peak": max(s[2] for s in samples),
-        "fds_end": end_fds,
-        "fds_allowed": rest_fds + CACHE_MB * MB // _smallest_volume(root, patients[0]) + 4,
-        "episodes_live_peak": max(live),
-        "episodes_live_end": end_live,
-        "episodes_cap": MAX_EPISODES,
-        "episodes_started": ROLLOUTS * episodes,
-    })  # fmt: skip
+    figures.update(
+        {
+            "calls": result["calls"],
+            "errors": result["errors"],
+            "calls_per_s": round(rate, 1),
+            "patients": len(patients),
+            "cache_budget_mb": CACHE_MB,
+            "response_cache_mb": RESPONSE_CACHE_MB,
+            "rss_start_mb": round(rest_rss / MB, 1),
+            "rss_peak_mb": round(max(rss) / MB, 1),
+            "rss_end_mb": round(end_rss / MB, 1),
+            "rss_allowed_mb": round(allowed_rss / MB, 1),
+            "rss_growth_second_half_mb": round((max(rss[half:]) - max(rss[:half])) / MB, 1),
+            "fds_start": rest_fds,
+            "fds_peak": max(s[2] for s in samples),
+            "fds_end": end_fds,
+            "fds_allowed": rest_fds + CACHE_MB * MB // _smallest_volume(root, patients[0]) + 4,
+            "episodes_live_peak": max(live),
+            "episodes_live_end": end_live,
+            "episodes_cap": MAX_EPISODES,
+            "episodes_started": ROLLOUTS * episodes,
+        }
+    )
     assert result["calls"] >= target * 0.95 and not result["errors"], result["errors"]
     assert max(rss) <= allowed_rss
     assert figures["rss_growth_second_half_mb"] <= 32  # flat once the caches are full: no leak

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Path, Request
 
+from case_env.core.tools import ErrorCode
 from case_env.server.auth import require_token
 from case_env.server.errors import BAD_BODY, UNAUTHORIZED, error_response
 from case_env.server.models import EPISODE_ID_PATTERN, EpisodeResponse, ErrorResponse
-from case_env.tooling import ErrorCode
 
 router = APIRouter(
     prefix="/v1", tags=["episodes"], dependencies=[Depends(require_token)], responses=UNAUTHORIZED

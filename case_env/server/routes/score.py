@@ -1,15 +1,19 @@
-"""POST /v1/score: the reward function over HTTP, identical to what verl and eval call."""
+"""POST /v1/score: the reward function over HTTP, identical to what verl and eval call: the row is routed to its
+environment (`extra_info.env`, else the environment claiming its data source) and scored by its reward."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from fastapi import APIRouter, Depends
+from fastapi.responses import Response
 from pydantic import BaseModel, Field
 
-from case_env.reward import compute_score
+from case_env.core import registry
+from case_env.core.registry import RegistryError
+from case_env.core.tools import ErrorCode
 from case_env.server.auth import require_token
-from case_env.server.errors import BAD_BODY, UNAUTHORIZED
+from case_env.server.errors import BAD_BODY, UNAUTHORIZED, error_response, short
 
 router = APIRouter(
     prefix="/v1", tags=["reward"], dependencies=[Depends(require_token)], responses=UNAUTHORIZED | BAD_BODY
@@ -22,36 +26,23 @@ class ScoreRequest(BaseModel):
         max_length=200_000, description="The whole decoded response, tool turns included."
     )
     ground_truth: str = Field(
-        max_length=1000, description="The row's reward_model.ground_truth: a letter, or a clinic diagnosis."
+        max_length=1000, description="The row's reward_model.ground_truth (a letter, a diagnosis, ...)."
     )
     extra_info: dict[str, Any] | None = Field(
-        None, description="The row's extra_info; clinic rows need its `clinic` entry (the recorded work-up)."
+        None,
+        description="The row's extra_info (its `env` routes it; the environment's reward reads its own entries), "
+        "with the episode's executed calls under `case_env_tool_calls` when known.",
     )
-
-
-class ClinicComponents(BaseModel):
-    acc_lenient: float = Field(description="1.0 when at least one ground-truth condition is named.")
-    dx: float = Field(description="Jaccard of predicted and ground-truth conditions.")
-    exam_score: float = Field(description="Exam appropriateness against the recorded work-up, 0-1.")
-    cost: float = Field(
-        description="Cost penalty: sum over exams ordered of (cost + discomfort) / 6, discounted."
-    )
-    exams: int = Field(description="Exams ordered (valid order_exam calls).")
-    exams_necessary: int = Field(description="Exams of the recorded work-up.")
-    asks: int = Field(description="Questions put to the patient.")
-    judge: str = Field(description="Who decided the diagnosis match: rules, judge, refused, rejected, ...")
 
 
 class ScoreResponse(BaseModel):
-    score: float = Field(
-        description="Imaging: 1.0 when the final answer's letter matches the ground truth, else 0.0. Clinic: "
-        "w_dx * dx + w_exam * exam_score - w_cost * cost."
-    )
-    acc: float = Field(description="Imaging: same as score. Clinic: strict accuracy (every condition named).")
+    env: str = Field(description="The environment whose reward scored the row.")
+    score: float = Field(description="The reward, as the row's environment computes it.")
+    acc: float = Field(description="Accuracy: 1.0 when the answer is right by the environment's rule.")
     pred: str = Field(description="The answer read from the final message ('' when none).")
     format_ok: bool = Field(description="A single well-formed answer is the last thing written.")
-    clinic: ClinicComponents | None = Field(
-        None, description="The clinic reward's components (clinic_* only)."
+    components: dict[str, Any] | None = Field(
+        None, description="The environment's own reward components (absent when it has none)."
     )
 
 
@@ -59,10 +50,22 @@ class ScoreResponse(BaseModel):
     "/score",
     response_model=ScoreResponse,
     response_model_exclude_none=True,
-    summary="Score a completion with the reward function",
+    responses={422: BAD_BODY[422]},
+    summary="Score a completion with the reward function of its row's environment",
 )
-def score(body: ScoreRequest) -> ScoreResponse:  # sync: FastAPI runs it in its thread pool, so a judge's
+def score(body: ScoreRequest) -> Response:  # sync: FastAPI runs it in its thread pool, so a judge's
     # HTTP round trip never blocks the event loop
-    result = compute_score(body.data_source, body.solution_str, body.ground_truth, body.extra_info)
-    common = {key: result.pop(key) for key in ("score", "acc", "pred", "format_ok")}
-    return ScoreResponse(**common, clinic=ClinicComponents(**result) if result else None)
+    try:
+        env = registry.for_row(body.data_source, body.extra_info)
+    except RegistryError as exc:
+        return error_response(ErrorCode.INVALID_REQUEST, short(f"invalid request: {exc}"), status=422)
+    result = env.score(body.solution_str, body.ground_truth, body.extra_info)
+    reply = ScoreResponse(
+        env=env.name,
+        score=result.score,
+        acc=result.acc,
+        pred=result.pred,
+        format_ok=result.format_ok,
+        components=result.components or None,
+    )
+    return Response(reply.model_dump_json(exclude_none=True), media_type="application/json")

@@ -19,16 +19,26 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from fastapi import APIRouter, Depends, Path, Request
+from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import Response
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
-from case_env.clinic.context import EpisodeContext
-from case_env.errors import DataError, MissingDataError, UnknownPatientError
+from case_env.core.environment import Environment
+from case_env.core.errors import DataError, MissingDataError
+from case_env.core.tools import (
+    ErrorCode,
+    ToolContext,
+    ToolError,
+    ToolResult,
+    ToolSpec,
+    canonical_arguments,
+    schema_version,
+)
 from case_env.server.auth import require_token
 from case_env.server.episodes import Call
-from case_env.server.errors import BAD_BODY, UNAUTHORIZED, status_of
+from case_env.server.errors import BAD_BODY, UNAUTHORIZED, describe, error_response, short, status_of
 from case_env.server.models import (
+    EnvironmentInfo,
     ErrorInfo,
     ImagePayload,
     ToolCallRequest,
@@ -37,15 +47,6 @@ from case_env.server.models import (
     ToolsResponse,
 )
 from case_env.server.state import ServerState
-from case_env.tooling import (
-    ENVIRONMENT_PERSONAS,
-    ErrorCode,
-    ToolContext,
-    ToolError,
-    ToolResult,
-    ToolSpec,
-    canonical_arguments,
-)
 
 log = logging.getLogger("case_env.server")
 router = APIRouter(
@@ -85,16 +86,44 @@ class Outcome:
         return cls(status_of(code), message, error=ErrorInfo(code=code, message=message), **kw)
 
 
-@router.get("/tools", response_model=ToolsResponse, summary="Tool schemas and the personas of each tool")
-async def list_tools(request: Request) -> ToolsResponse:
+@router.get(
+    "/tools",
+    response_model=ToolsResponse,
+    responses={422: BAD_BODY[422]},
+    summary="Tool schemas, per environment, and the personas of each tool",
+)
+async def list_tools(
+    request: Request,
+    env: str | None = Query(None, max_length=64, description="Only this environment's tools."),
+) -> Response:
     state: ServerState = request.app.state.server
-    return ToolsResponse(
-        schema_version=state.schema_version,
+    hosted = state.environments
+    if env is not None and env not in hosted:
+        message = short(f"unknown environment {env!r}; this server hosts {', '.join(hosted)}")
+        return error_response(ErrorCode.INVALID_REQUEST, message, status=422)
+    chosen = [hosted[env]] if env is not None else list(hosted.values())
+    tools = {name: state.tools[name] for e in chosen for name in e.tools}
+    body = ToolsResponse(
+        schema_version=schema_version(tools),
         tools=[
-            ToolInfo(name=t.name, personas=list(t.personas), schema=t.openai_schema())
-            for t in state.tools.values()
+            ToolInfo(
+                name=t.name, env=state.tool_env[t.name], personas=list(t.personas), schema=t.openai_schema()
+            )
+            for t in tools.values()
+        ],
+        environments=[
+            EnvironmentInfo(
+                name=e.name,
+                title=e.title,
+                personas=list(e.personas),
+                data_sources=list(e.data_sources),
+                tools=list(e.tools),
+                schema_version=schema_version({n: state.tools[n] for n in e.tools}),
+            )
+            for e in chosen
         ],
     )
+    return Response(body.model_dump_json(by_alias=True), media_type="application/json")
 
 
 @router.post(
@@ -114,19 +143,35 @@ async def call_tool(
     latency_ms = (time.perf_counter() - started) * 1000
     status = outcome.error.code.value if outcome.error else "ok"
     state.metrics.observe(name if name in state.tools else "_unknown", status, latency_ms / 1000)
-    state.metrics.cache_bytes.set(state.store.cache.stats().bytes)
-    state.audit.write(episode_id=body.episode_id, patient_id=body.patient_id, tool=name, arguments=body.arguments,
-                      status=status, http_status=outcome.status, latency_ms=latency_ms)  # fmt: skip
+    state.metrics.cache_bytes.set(state.memory_bytes())
+    state.audit.write(
+        episode_id=body.episode_id,
+        patient_id=body.patient_id,
+        tool=name,
+        arguments=body.arguments,
+        status=status,
+        http_status=outcome.status,
+        latency_ms=latency_ms,
+    )
     if outcome.bound:
         state.episodes.record(
             body.episode_id, Call(name, body.arguments, status, outcome.status, latency_ms, outcome.digest)
         )
     payload = ToolCallResponse.model_construct(
-        ok=outcome.error is None, tool=name, episode_id=body.episode_id, text=outcome.text, images=outcome.images,
-        error=outcome.error, latency_ms=round(latency_ms, 2),
-    )  # fmt: skip
-    return Response(payload.model_dump_json(), status_code=outcome.status, headers=outcome.headers,
-                    media_type="application/json")  # fmt: skip
+        ok=outcome.error is None,
+        tool=name,
+        episode_id=body.episode_id,
+        text=outcome.text,
+        images=outcome.images,
+        error=outcome.error,
+        latency_ms=round(latency_ms, 2),
+    )
+    return Response(
+        payload.model_dump_json(),
+        status_code=outcome.status,
+        headers=outcome.headers,
+        media_type="application/json",
+    )
 
 
 async def _serve(state: ServerState, name: str, body: ToolCallRequest, started: float) -> Outcome:
@@ -145,32 +190,65 @@ async def _serve(state: ServerState, name: str, body: ToolCallRequest, started: 
 
 
 async def _admitted(state: ServerState, name: str, body: ToolCallRequest, started: float) -> Outcome:
-    if not state.has_patient(body.patient_id):
+    env_name = state.environment(body.patient_id)
+    if env_name is None:
         return Outcome.failure(ErrorCode.UNKNOWN_PATIENT, f"unknown patient {body.patient_id!r}")
     bound_to = state.episodes.bind(body.episode_id, body.patient_id)
     if bound_to != body.patient_id:
         return Outcome.failure(ErrorCode.SCOPE_VIOLATION, "this episode is bound to another patient")
-    state.warm(body.patient_id)
+    state.warm(env_name, body.patient_id)
+    env = state.environments[env_name]
     spec = state.tools.get(name)
     if spec is None:
-        personas = set(ENVIRONMENT_PERSONAS[state.environment(body.patient_id)])  # this patient's environment
-        valid = ", ".join(n for n, t in state.tools.items() if personas & set(t.personas))
+        valid = ", ".join(env.tools)
         return Outcome.failure(
             ErrorCode.UNKNOWN_TOOL, f"unknown tool {name!r}; available tools: {valid}", bound=True
         )
-    return await _run(state, spec, body, started)
+    owner = state.environments[state.tool_env[name]]
+    if owner.name != env_name:
+        message = (
+            f"{name} is {_a(owner.title)} tool; this patient is {_a(env.title)} case, not "
+            f"{_a(owner.title)} case"
+        )
+        return Outcome.failure(ErrorCode.NOT_AVAILABLE, message, bound=True)
+    if env.context_model is None:
+        if body.context:
+            message = f"invalid request: context: the {env.title} tools take no context"
+            return Outcome.failure(ErrorCode.INVALID_REQUEST, message)
+        episode = None
+    else:
+        try:
+            episode = env.context_model.model_validate(body.context or {})
+        except ValidationError as exc:
+            message = short("invalid request: " + describe(exc.errors(), ("context",)))
+            return Outcome.failure(ErrorCode.INVALID_REQUEST, message)
+    return await _run(state, env_name, env, spec, episode, body, started)
 
 
-async def _run(state: ServerState, spec: ToolSpec, body: ToolCallRequest, started: float) -> Outcome:
+def _a(word: str) -> str:
+    return f"an {word}" if word[:1] in "aeiou" else f"a {word}"
+
+
+async def _run(
+    state: ServerState,
+    env_name: str,
+    env: Environment,
+    spec: ToolSpec,
+    episode: BaseModel | None,
+    body: ToolCallRequest,
+    started: float,
+) -> Outcome:
     try:
         args = spec.parse(body.arguments)
     except ToolError as exc:
         return Outcome.failure(exc.code, exc.message, bound=True)
-    compute = functools.partial(_compute, state, spec, args, body, started)
+    context = env.tool_context(state.stores.get(env_name), body.patient_id, episode)
+    compute = functools.partial(_compute, state, spec, args, context, started)
     if state.replay is not None or state.responses.max_bytes <= 0:
         return await compute()  # replay answers from recordings; a zero budget turns the cache off
-    context = body.context.model_dump_json() if body.context is not None else ""
-    key = (spec.name, body.patient_id, canonical_arguments(args), context, state.fingerprint(body.patient_id))
+    episode_key = episode.model_dump_json() if episode is not None else ""
+    fingerprint = state.fingerprint(env_name, body.patient_id) if state.replay is None else ()
+    key = (spec.name, body.patient_id, canonical_arguments(args), episode_key, fingerprint)
     cached = state.responses.peek(key)
     if cached is not None:
         return cached
@@ -192,19 +270,13 @@ async def _run(state: ServerState, spec: ToolSpec, body: ToolCallRequest, starte
 
 
 async def _compute(
-    state: ServerState, spec: ToolSpec, args: BaseModel, body: ToolCallRequest, started: float
+    state: ServerState, spec: ToolSpec, args: BaseModel, context: ToolContext, started: float
 ) -> Outcome:
-    context = ToolContext(state.store, state.imaging, body.patient_id, state.clinic,
-                          body.context or EpisodeContext(), state.casereason)  # fmt: skip
-
     def job() -> Outcome:
         try:
             result = spec.run(context, args)
         except ToolError as exc:
             return Outcome.failure(exc.code, exc.message, bound=True)
-        except UnknownPatientError:  # an imaging tool asked about a clinic or case-reasoning case
-            message = f"{spec.name} is an imaging tool; this patient is a {state.environment(body.patient_id)} case without images"
-            return Outcome.failure(ErrorCode.NOT_AVAILABLE, message, bound=True)
         except MissingDataError as exc:
             return Outcome.failure(ErrorCode.NOT_AVAILABLE, exc.reason, bound=True)
         except DataError as exc:
@@ -231,6 +303,12 @@ def _success(result: ToolResult) -> Outcome:
     images = []
     for image in result.images:
         digest.update(image.png)
-        images.append(ImagePayload(mime=image.mime, width=image.width, height=image.height,
-                                   data_b64=base64.b64encode(image.png).decode("ascii")))  # fmt: skip
+        images.append(
+            ImagePayload(
+                mime=image.mime,
+                width=image.width,
+                height=image.height,
+                data_b64=base64.b64encode(image.png).decode("ascii"),
+            )
+        )
     return Outcome(200, result.text, images, digest=digest.hexdigest(), bound=True)

@@ -1,2 +1,0 @@
-"""The case-reasoning environment (MedCaseReasoning-style): a long case presentation, reasoning in <think>, a
-judged diagnosis in <answer>, k attempts, and recall of the clinician's reasoning statements."""

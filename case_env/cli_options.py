@@ -1,0 +1,115 @@
+"""Command options from the environments' option models: `case-env synth` and `case-env bank build` take every
+registered environment's options, each spelled as its field (`patient_noise` is `--patient-noise`).
+
+Every option defaults to "not given", so the chosen environment's model supplies its own defaults and
+validates what was given; an option of another environment is refused by name. A new environment's options
+appear here without a change to the command line.
+"""
+
+from __future__ import annotations
+
+import inspect
+import types
+import typing
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import typer
+from pydantic import BaseModel, ValidationError
+
+from case_env.core import registry
+from case_env.core.environment import Environment
+from case_env.core.errors import CommandError
+
+_CLICK_TYPES = (int, float, str, bool, Path)
+
+
+def _click_type(annotation: Any) -> Any:
+    """The option type click reads; what it cannot (Literal, tuple) it reads as text for the model."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        options = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return _click_type(options[0]) if len(options) == 1 else str
+    if origin is list:
+        return list[_click_type(typing.get_args(annotation)[0])]
+    return annotation if annotation in _CLICK_TYPES else str
+
+
+def _fields(models: dict[str, type[BaseModel]]) -> dict[str, tuple[Any, str, list[str]]]:
+    """name -> (click type, help, environments taking it), over every environment's model."""
+    out: dict[str, tuple[Any, str, list[str]]] = {}
+    for env, model in models.items():
+        for name, field in model.model_fields.items():
+            kind, described, takers = out.get(
+                name, (_click_type(field.annotation), field.description or "", [])
+            )
+            out[name] = (kind, described, [*takers, env])
+    return out
+
+
+def describe_error(exc: ValidationError) -> str:
+    """The model's complaints as option names and what is wrong with each."""
+    parts = []
+    for error in exc.errors():
+        field = ".".join(str(p) for p in error["loc"])
+        if error["type"] == "literal_error":
+            parts.append(f"unknown {field} {error['input']!r}; choose {error['ctx']['expected']}")
+        else:
+            parts.append(f"--{field.replace('_', '-')}: {error['msg']}")
+    return "; ".join(parts)
+
+
+def options_command(
+    group: typer.Typer,
+    name: str,
+    summary: str,
+    model_of: Callable[[Environment], type[BaseModel]],
+    run: Callable[[Environment, BaseModel], None],
+) -> None:
+    """Register `name` on `group`: `--env` plus every environment's options, validated by the chosen model."""
+    envs = registry.environments()
+    models = {env.name: model_of(env) for env in envs.values()}
+    fields = _fields(models)
+    everyone = set(envs)
+    params = [
+        inspect.Parameter(
+            "env",
+            inspect.Parameter.KEYWORD_ONLY,
+            default=typer.Option(
+                None, "--env", help=f"The environment: {', '.join(envs)} (default: the default one)."
+            ),
+            annotation=str | None,
+        )
+    ]
+    for field, (kind, described, takers) in fields.items():
+        scope = "" if set(takers) == everyone else f" [{', '.join(takers)}]"
+        params.append(
+            inspect.Parameter(
+                field,
+                inspect.Parameter.KEYWORD_ONLY,
+                default=typer.Option(None, f"--{field.replace('_', '-')}", help=f"{described}{scope}"),
+                annotation=kind | None,
+            )
+        )
+
+    def command(**given: Any) -> None:
+        chosen = given.pop("env", None)
+        try:
+            env = registry.get(chosen) if chosen else registry.default()
+        except registry.RegistryError as exc:
+            raise CommandError(str(exc), 2) from None
+        values = {k: v for k, v in given.items() if v is not None and v != []}
+        foreign = sorted(k for k in values if k not in models[env.name].model_fields)
+        if foreign:
+            spelled = ", ".join(f"--{k.replace('_', '-')} ({', '.join(fields[k][2])})" for k in foreign)
+            raise CommandError(f"{spelled} not taken by the {env.name} environment", 2)
+        try:
+            options = models[env.name].model_validate(values)
+        except ValidationError as exc:
+            raise CommandError(describe_error(exc), 2) from None
+        run(env, options)
+
+    command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    command.__doc__ = summary
+    group.command(name)(command)

@@ -1,0 +1,231 @@
+"""Bank rows: one typed model for every environment's rows, splits by case, and the parquet files.
+
+Columns are CASE's (the published CASE-Bench banks use the same): `data_source`, `prompt` (system and user
+messages), `ability`, `reward_model {style, ground_truth}`, `extra_info` (a JSON string, which keeps Arrow
+from merging `tools_kwargs` structs across rows; `CaseRLHFDataset` decodes it for verl) and `agent_name`.
+`extra_info.env` names the environment that built the row: the registry routes reward, eval and
+validation by it. Every row lists every tool of its environment in `tools_kwargs` with the same inner
+keys: verl 0.9.1 fails a call whose tool entry came back as None after Arrow merged rows (docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pydantic import BaseModel, ConfigDict, Field
+
+from case_env.core.frozen import FrozenDraw
+from case_env.core.problems import Problems
+
+SPLITS = ("train", "val", "test")
+AGENT_NAMES = ("tool_agent", "single_turn_agent")
+REQUIRED_COLUMNS = ("data_source", "prompt", "ability", "reward_model", "extra_info", "agent_name")
+ARROW_SCHEMA = pa.schema(
+    [
+        ("data_source", pa.string()),
+        ("prompt", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
+        ("ability", pa.string()),
+        ("reward_model", pa.struct([("style", pa.string()), ("ground_truth", pa.string())])),
+        ("extra_info", pa.string()),
+        ("agent_name", pa.string()),
+    ]
+)
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    role: str
+    content: str
+
+
+class RewardSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    style: str = "rule"
+    ground_truth: str = Field(min_length=1)
+
+
+class ExtraInfo(BaseModel):
+    """What every row's `extra_info` holds; an environment subclasses it with its own fields."""
+
+    model_config = ConfigDict(extra="allow")
+
+    env: str | None = Field(None, description="The environment that built the row (routes it).")
+    index: int | None = None
+    split: str | None = None
+    patient_id: str
+    question_idx: int
+    question: str
+    ground_truth: str
+    tools_kwargs: dict[str, dict[str, Any]]
+    tool_selection: list[str]
+    teacher_insight: str
+    evidence: list[Any]
+    need_tools_kwargs: bool = True
+    tool_schema_version: str | None = None
+
+
+REQUIRED_EXTRA = tuple(name for name, f in ExtraInfo.model_fields.items() if f.is_required())
+
+
+class BankRow(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    data_source: str
+    prompt: list[Message] = Field(min_length=1)
+    ability: str
+    reward_model: RewardSpec
+    extra_info: ExtraInfo
+    agent_name: str = "tool_agent"
+
+    def row(self) -> dict:
+        """The parquet row: `extra_info` as a JSON string, every other column as its struct."""
+        out = self.model_dump(mode="json", exclude={"extra_info"})
+        out["extra_info"] = self.extra_info.model_dump_json(exclude_none=True)
+        return out
+
+
+def tools_kwargs(patient_id: str, tools: Iterable[str], **create: Any) -> dict[str, dict]:
+    """Every tool of the environment with the same `create_kwargs` (the case, and what the row adds)."""
+    return {name: {"create_kwargs": {"patient_id": patient_id, **create}} for name in tools}
+
+
+@dataclass
+class BankResult:
+    rows: dict[str, list[dict]]
+    patients: dict[str, list[str]]
+    skipped: Problems = field(default_factory=Problems)  # questions or cases left out, with the reason
+
+    def counts(self) -> dict[str, Counter]:
+        return {split: Counter(r["data_source"] for r in rows) for split, rows in self.rows.items()}
+
+
+def split_patients(
+    patient_ids: list[str], fractions: tuple[float, float, float], seed: int
+) -> dict[str, list[str]]:
+    """Patients (never questions) go to splits; every split gets at least one patient when there are three."""
+    order = FrozenDraw(seed, "splits").shuffled("patients", sorted(patient_ids))
+    n = len(order)
+    sizes = [round(f * n) for f in fractions]
+    if n >= 3:
+        for i in range(3):
+            if sizes[i] == 0 and fractions[i] > 0:
+                sizes[i] = 1
+        while sum(sizes) > n:
+            sizes[sizes.index(max(sizes))] -= 1
+    sizes[0] = n - sum(sizes[1:])
+    out, start = {}, 0
+    for split, size in zip(SPLITS, sizes, strict=True):
+        out[split] = sorted(order[start : start + size])
+        start += size
+    return out
+
+
+def rows_by_split(
+    cases: list, fractions: tuple[float, float, float], seed: int, to_row: Callable[[Any, int, str], BankRow]
+) -> BankResult:
+    """One row per case (anything with a `case_id`), cases split by id, indices in id order; `to_row(case,
+    index, split)` makes the row. Environments with one row per case use this; those with several questions
+    per patient split patients themselves (`split_patients`)."""
+    patients = split_patients([c.case_id for c in cases], fractions, seed)
+    split_of = {cid: split for split, ids in patients.items() for cid in ids}
+    rows: dict[str, list[dict]] = {split: [] for split in SPLITS}
+    for index, case in enumerate(sorted(cases, key=lambda c: c.case_id)):
+        split = split_of[case.case_id]
+        rows[split].append(to_row(case, index, split).row())
+    return BankResult(rows, patients)
+
+
+def write(result: BankResult, out: Path, meta: dict) -> None:
+    """train/val/test parquet, one patient list per split, and bank.json with the counts and every row or
+    question that was left out (the command line prints only the first of them)."""
+    out.mkdir(parents=True, exist_ok=True)
+    for split, rows in result.rows.items():
+        table = pa.Table.from_pylist(rows, schema=ARROW_SCHEMA)
+        pq.write_table(table, out / f"{split}.parquet")
+        (out / f"{split}_patients.txt").write_text(
+            "".join(f"{p}\n" for p in result.patients[split]), encoding="utf-8"
+        )
+    summary = {
+        **meta,
+        "counts": {s: dict(c) for s, c in result.counts().items()},
+        "patients": {s: len(p) for s, p in result.patients.items()},
+        "skipped": result.skipped.to_json(),
+    }
+    (out / "bank.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+
+
+@dataclass(frozen=True)
+class Item:
+    """One row read back for evaluation; `key` is unique across the splits of a bank and names it in
+    trajectories."""
+
+    key: str
+    data_source: str
+    prompt: list[dict]
+    ground_truth: str
+    extra: dict
+
+
+def bank_files(bank: Path) -> list[Path]:
+    """One parquet file, or every split of a bank directory."""
+    if bank.is_dir():
+        files = [bank / f"{split}.parquet" for split in SPLITS if (bank / f"{split}.parquet").exists()]
+        if not files:
+            raise FileNotFoundError(f"{bank} holds none of {', '.join(s + '.parquet' for s in SPLITS)}")
+        return files
+    if not bank.exists():
+        raise FileNotFoundError(f"bank {bank} does not exist")
+    return [bank]
+
+
+def decode_extra(value: Any) -> dict:
+    return json.loads(value) if isinstance(value, str) else dict(value)
+
+
+def load_items(bank: Path) -> list[Item]:
+    items = []
+    for path in bank_files(bank):
+        for row in pq.read_table(path).to_pylist():
+            extra = decode_extra(row["extra_info"])
+            split = extra.get("split", path.stem)
+            items.append(
+                Item(
+                    key=f"{split}-{extra['question_idx']:05d}",
+                    data_source=row["data_source"],
+                    prompt=list(row["prompt"]),
+                    ground_truth=row["reward_model"]["ground_truth"],
+                    extra=extra,
+                )
+            )
+    return items
+
+
+def reference_rows(bank: Path) -> list[dict]:
+    """Rows a prompt-only prior may learn from: every split of the bank's directory (the prior leaves the
+    asked-about patient out, so using all of them is fair), else the bank file itself."""
+    folder = bank if bank.is_dir() else bank.parent
+    has_splits = any((folder / f"{split}.parquet").exists() for split in SPLITS)
+    return [item.extra for item in load_items(folder if has_splits else bank)]
+
+
+def bank_sources(bank: Path) -> set[tuple[str | None, str]]:
+    """(env, data_source) of every row, read from two columns only: what routes a bank to its environment."""
+    out = set()
+    for path in bank_files(bank):
+        table = pq.read_table(path, columns=["data_source", "extra_info"])
+        for source, extra in zip(table.column(0).to_pylist(), table.column(1).to_pylist(), strict=True):
+            try:
+                env = decode_extra(extra).get("env")
+            except (ValueError, TypeError):
+                env = None
+            out.add((env, str(source)))
+    return out

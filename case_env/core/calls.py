@@ -1,0 +1,152 @@
+"""The tool calls of an episode, as they ran: what rewards that count calls read.
+
+The verl adapter (and the eval runner, the same way) appends one record per executed call to
+`agent_data.extra_fields["case_env_tool_calls"]`; verl 0.9.1 merges `extra_fields` into the reward's
+`extra_info`, so the reward sees the calls that really ran, with their status, in whatever format the model
+wrote them. Only when that field is absent (a transcript scored on its own, `POST /v1/score`) are the calls
+read back from the text, in both formats verl's tool parsers accept: `hermes`, a JSON object in
+`<tool_call>` tags, and `qwen3_coder`, Qwen3's XML form
+`<tool_call><function=NAME><parameter=P>V</parameter></function></tool_call>`. Tool responses are removed
+before reading, so a tool output can neither order nor hide a call.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from case_env.core.answers import model_text
+
+FIELD = "case_env_tool_calls"
+FORMATS = ("hermes", "qwen3_coder")
+_TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+_FUNCTION = re.compile(r"<function=([^>\n]*)>(.*?)(?:</function>|$)", re.DOTALL)
+_PARAMETER = re.compile(r"<parameter=([^>\n]*)>(.*?)(?:</parameter>|$)", re.DOTALL)
+
+
+@dataclass
+class ExecutedCall:
+    """One call of an episode: what was called, how it ended, and (for tools that `REMEMBER`) its answer."""
+
+    tool: str
+    arguments: dict[str, Any]
+    status: str = "ok"  # ok, a model-fault code (the call was refused), or an infrastructure status
+    infra_error: bool = False
+    attempts: int = 1
+    latency_ms: float = 0.0
+    text: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def record(self) -> dict[str, Any]:
+        out = asdict(self)
+        extra = out.pop("extra")
+        if out["text"] is None:
+            del out["text"]
+        return {**out, **extra}
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> ExecutedCall:
+        known = {
+            k: record[k] for k in ("status", "infra_error", "attempts", "latency_ms", "text") if k in record
+        }
+        extra = {k: v for k, v in record.items() if k not in known and k not in ("tool", "arguments")}
+        arguments = record.get("arguments")
+        return cls(
+            str(record.get("tool", "")),
+            arguments if isinstance(arguments, dict) else {},
+            **known,
+            extra=extra,
+        )
+
+
+def _convert(value: str, kind: str | None) -> Any:
+    """A qwen3_coder parameter value by its schema type, as verl's Qwen3XMLToolParser converts it."""
+    if value.lower() == "null":
+        return None
+    try:
+        if kind == "integer":
+            return int(value)
+        if kind == "number":
+            number = float(value)
+            return int(number) if number == int(number) else number
+    except ValueError:
+        return value
+    if kind == "boolean":
+        return value.lower() == "true"
+    if kind in ("object", "array"):
+        try:
+            return json.loads(value)
+        except ValueError:
+            try:
+                return ast.literal_eval(value)
+            except (ValueError, SyntaxError):
+                return value
+    return value
+
+
+def _xml_call(body: str, schemas: dict[str, dict]) -> tuple[str, dict] | None:
+    function = _FUNCTION.search(body)
+    if function is None:
+        return None
+    name = function.group(1).strip()
+    types = {k: v.get("type") for k, v in (schemas.get(name) or {}).items()}
+    arguments = {}
+    for parameter, raw in _PARAMETER.findall(function.group(2)):
+        value = raw[1:] if raw.startswith("\n") else raw
+        value = value[:-1] if value.endswith("\n") else value
+        arguments[parameter.strip()] = _convert(value, types.get(parameter.strip()))
+    return name, arguments
+
+
+def _json_call(body: str) -> tuple[str, dict] | None:
+    try:
+        call = json.loads(body)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+        return None
+    arguments = call.get("arguments")
+    return call["name"], arguments if isinstance(arguments, dict) else {}
+
+
+def written_calls(solution_str: str, schemas: dict[str, dict] | None = None) -> list[tuple[str, dict]]:
+    """(name, arguments) of every tool call the model wrote, in order, in either format. `schemas` maps a
+    tool name to its parameters' properties, for typing XML values (strings without it)."""
+    calls = []
+    for body in _TOOL_CALL.findall(model_text(solution_str)):
+        call = _xml_call(body, schemas or {}) if "<function=" in body else _json_call(body)
+        if call is not None:
+            calls.append(call)
+    return calls
+
+
+def executed_calls(solution_str: str, extra_info: dict | None) -> list[ExecutedCall]:
+    """The episode's calls: as they ran (from `extra_info`) when recorded, else as written in the text."""
+    extra = extra_info if isinstance(extra_info, dict) else {}
+    recorded = extra.get(FIELD)
+    if isinstance(recorded, list | tuple):
+        return [ExecutedCall.from_record(r) for r in recorded if isinstance(r, dict)]
+    from case_env.core import registry
+
+    schemas = {name: spec.parameters.get("properties", {}) for name, spec in registry.all_tools().items()}
+    return [ExecutedCall(name, arguments) for name, arguments in written_calls(solution_str, schemas)]
+
+
+def call_text(name: str, arguments: dict, form: str = "hermes") -> str:
+    """A tool call as a model writes it, in one of verl's parser formats."""
+    if form == "qwen3_coder":
+        parameters = "".join(
+            f"<parameter={k}>\n{v if isinstance(v, str) else json.dumps(v)}\n</parameter>\n"
+            for k, v in arguments.items()
+        )
+        return f"<tool_call>\n<function={name}>\n{parameters}</function>\n</tool_call>"
+    if form != "hermes":
+        raise ValueError(f"unknown tool-call format {form!r}; choose {' or '.join(FORMATS)}")
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"

@@ -1,0 +1,132 @@
+"""The registry: every installed environment, found through the entry-point group `case_env.environments`.
+
+An entry point names an `Environment` subclass (`name = "package.module:Class"`, the entry point's name
+equal to the class's `name`). The three built-in environments register the same way in this project's
+pyproject.toml; another package adds one by declaring its own entry point, and nothing here changes.
+
+Rows are routed by `extra_info.env`; a row without it (a published CASE-Bench bank) by the environment
+whose personas claim its data source, else by the default environment. Tool names and data sources must
+be unique across environments: a call or a row names exactly one.
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import cache
+from importlib.metadata import entry_points
+from typing import Any
+
+from case_env.core.environment import Environment
+from case_env.core.tools import ToolSpec
+
+GROUP = "case_env.environments"
+log = logging.getLogger("case_env.registry")
+
+
+class RegistryError(LookupError):
+    """An environment that is not registered, or registrations that contradict each other."""
+
+
+@cache
+def _loaded() -> tuple[dict[str, Environment], tuple[str, ...]]:
+    found: dict[str, Environment] = {}
+    problems = []
+    for point in sorted(entry_points(group=GROUP), key=lambda p: p.name):
+        try:
+            cls = point.load()
+        except Exception as exc:  # a broken third-party package must not take the others down
+            problems.append(
+                f"entry point {point.name} ({point.value}) failed to load: {type(exc).__name__}: {exc}"
+            )
+            continue
+        if not (isinstance(cls, type) and issubclass(cls, Environment)) or cls.name != point.name:
+            problems.append(
+                f"entry point {point.name} ({point.value}) is not an Environment named {point.name!r}"
+            )
+            continue
+        if point.name in found:  # the same distribution seen twice on the path
+            continue
+        found[point.name] = cls()
+    for problem in problems:
+        log.warning("%s", problem)
+    return found, tuple(problems)
+
+
+def environments() -> dict[str, Environment]:
+    """Every registered environment, by name, in name order."""
+    return _loaded()[0]
+
+
+def problems() -> tuple[str, ...]:
+    """Entry points that could not be loaded (shown by `case-env envs`)."""
+    return _loaded()[1]
+
+
+def get(name: str) -> Environment:
+    found = environments().get(name)
+    if found is None:
+        raise RegistryError(
+            f"unknown environment {name!r}; registered: {', '.join(environments()) or 'none'}"
+        )
+    return found
+
+
+def default() -> Environment:
+    """The environment a command means when it names none."""
+    marked = [env for env in environments().values() if env.default]
+    if len(marked) == 1:
+        return marked[0]
+    if len(environments()) == 1:
+        return next(iter(environments().values()))
+    raise RegistryError(f"name an environment: {', '.join(environments())}")
+
+
+@cache
+def _tool_owners() -> dict[str, str]:
+    owners: dict[str, str] = {}
+    for env in environments().values():
+        for tool in env.tools:
+            if tool in owners:
+                raise RegistryError(f"tool {tool!r} is registered by both {owners[tool]} and {env.name}")
+            owners[tool] = env.name
+    return owners
+
+
+@cache
+def _source_owners() -> dict[str, str]:
+    owners: dict[str, str] = {}
+    for env in environments().values():
+        for source in env.data_sources:
+            if owners.setdefault(source, env.name) != env.name:
+                raise RegistryError(
+                    f"data source {source!r} is claimed by both {owners[source]} and {env.name}"
+                )
+    return owners
+
+
+def all_tools() -> dict[str, ToolSpec]:
+    """Every environment's tools, by name."""
+    return {name: get(env).tools[name] for name, env in _tool_owners().items()}
+
+
+def for_tool(tool: str) -> Environment | None:
+    owner = _tool_owners().get(tool)
+    return get(owner) if owner else None
+
+
+def for_row(data_source: str, extra_info: dict[str, Any] | None = None) -> Environment:
+    """The environment of a row: `extra_info.env`, else its data source's, else the default one."""
+    named = (extra_info or {}).get("env") if isinstance(extra_info, dict) else None
+    if named:
+        return get(str(named))
+    owner = _source_owners().get(str(data_source))
+    return get(owner) if owner else default()
+
+
+def reload() -> None:
+    """Forget what was found, so that a package installed since is seen (the next lookup scans again)."""
+    import importlib
+
+    importlib.invalidate_caches()
+    for cached in (_loaded, _tool_owners, _source_owners):
+        cached.cache_clear()

@@ -1,0 +1,58 @@
+"""Cases held in memory, keyed by id: the store of environments whose cases are rows of text files."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from case_env.core.environment import Environment, TextBankOptions
+from case_env.core.errors import CommandError
+from case_env.core.problems import Problems
+
+
+def case_paths(setting: str | None, data_root: Path | None, folder: str) -> list[Path]:
+    """The case files a server loads: the setting's paths (separated by the path separator), else
+    `<data root>/<folder>/` when it exists, else none."""
+    paths = [Path(p) for p in setting.split(os.pathsep) if p] if setting else []
+    if not paths and data_root is not None and (data_root / folder).is_dir():
+        paths = [data_root / folder]
+    return paths
+
+
+class CaseTable:
+    """A `CaseStore` of cases read once per worker (so their fingerprint never changes)."""
+
+    def __init__(self, cases: list[Any], problems: list[str] | None = None):
+        self.cases = {c.case_id: c for c in cases}
+        self.problems = Problems(problems or [])
+
+    def ids(self) -> list[str]:
+        return sorted(self.cases)
+
+    def __contains__(self, case_id: object) -> bool:
+        return case_id in self.cases
+
+    def fingerprint(self, case_id: str) -> tuple:
+        return ()
+
+    def warm(self, case_id: str) -> None:
+        return None
+
+    def memory_bytes(self) -> int:
+        return 0
+
+
+def load_text_cases(env: Environment, load: Callable, options: TextBankOptions) -> tuple[list[Path], Any]:
+    """(paths, loaded) of a text environment's bank: its --cases, else `<data root>/<environment>/`."""
+    paths = options.cases or ([options.data_root / env.name] if options.data_root is not None else [])
+    if not paths:
+        raise CommandError(f"a {env.name} bank needs --cases, or --data-root holding {env.name}/", 2)
+    try:
+        loaded = load(paths)
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise CommandError(str(exc), 2) from None
+    if not loaded.cases:
+        raise CommandError(f"no usable {env.name} cases in {', '.join(map(str, paths))}")
+    return paths, loaded

@@ -1,0 +1,152 @@
+"""The case-reasoning environment (MedCaseReasoning-style): a long case presentation, reasoning in <think>, a
+judged diagnosis in <answer>, k attempts, and recall of the clinician's reasoning statements."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import Field
+
+from case_env.core.bank import Item
+from case_env.core.calls import ExecutedCall
+from case_env.core.environment import (
+    BankBuild,
+    BankOptions,
+    DataCheck,
+    Environment,
+    PolicyFactory,
+    Score,
+    SynthOptions,
+    Variant,
+)
+from case_env.core.problems import Problems
+from case_env.core.store import TextBankOptions, load_text_cases
+from case_env.envs.casereason import evaluation
+from case_env.envs.casereason.context import ReasoningContext, ReasoningEpisode
+
+if TYPE_CHECKING:
+    from case_env.envs.casereason.store import CaseReasonStore
+    from case_env.settings import DataSettings
+
+
+class ReasoningBankOptions(TextBankOptions):
+    mode: Literal["independent", "sequential"] = Field(
+        "independent", description="independent (single turn) or sequential (submit_diagnosis)."
+    )
+    attempts: int = Field(10, ge=1, le=64, description="Attempts k (sequential).")
+    recall_weight: float = Field(0.0, ge=0, description="Reward weight of reasoning recall.")
+
+
+class CaseReasonEnvironment(Environment):
+    name = "casereason"
+    title = "case-reasoning"
+    summary = (
+        "MedCaseReasoning-style: long case presentations, judged diagnosis, k attempts, reasoning recall."
+    )
+    tools_package = "case_env.tools.casereason"
+    personas_package = "case_env.personas.casereason"
+    context_model = ReasoningEpisode
+    bank_options = ReasoningBankOptions
+    required_extra = ("casereason",)
+    agents = ("reader", "symptoms")
+    loop_agent = "reader"
+    case_files = True
+    max_turns = evaluation.ATTEMPTS + 2
+
+    def open_store(self, data: DataSettings) -> CaseReasonStore:
+        from case_env.envs.casereason.store import CaseReasonSettings, CaseReasonStore
+
+        return CaseReasonStore.load(CaseReasonSettings(), data.data_root)
+
+    def tool_context(self, store, patient_id, episode) -> ReasoningContext:
+        return ReasoningContext(store, patient_id, episode)
+
+    def episode_context(self, create: Mapping[str, Any], calls: Sequence[ExecutedCall]) -> dict:
+        submissions = [
+            str(c.arguments.get("diagnosis", "")) for c in calls if c.tool == "submit_diagnosis" and c.ok
+        ]
+        return {"attempts": int(create.get("attempts") or 1), "submissions": submissions}
+
+    # -- banks and rewards ------------------------------------------------------------------------------
+    def build_bank(self, options: BankOptions) -> BankBuild:
+        from case_env.envs.casereason.bank import build
+        from case_env.envs.casereason.cases import load_cases
+
+        assert isinstance(options, ReasoningBankOptions)
+        paths, loaded = load_text_cases(self, load_cases, options)
+        result = build(
+            loaded.cases, options.seed, options.split, options.mode, options.attempts, options.recall_weight
+        )
+        k = options.attempts if options.mode == "sequential" else 1
+        table = [
+            f"{name:6s} {len(rows):6d} cases ({options.mode}, k={k})" for name, rows in result.rows.items()
+        ]
+        meta = {
+            "env": self.name,
+            "seed": options.seed,
+            "split": options.split,
+            "mode": options.mode,
+            "attempts": options.attempts,
+            "cases": [str(p) for p in paths],
+        }
+        return BankBuild(result, meta, table, Problems(loaded.problems))
+
+    def score(self, solution_str: str, ground_truth: str, extra_info: dict | None) -> Score:
+        from case_env.envs.casereason.reward import casereason_score
+
+        return Score.of(casereason_score(solution_str, ground_truth, extra_info))
+
+    # -- data -----------------------------------------------------------------------------------------
+    def check_data(self, root: Path) -> DataCheck | None:
+        from case_env.envs.casereason.cases import load_cases
+
+        if not (root / self.name).is_dir():
+            return None
+        loaded = load_cases([root / self.name])
+        summary = {
+            "cases": len(loaded.cases),
+            "diagnoses": len({c.diagnosis for c in loaded.cases}),
+            "problems": loaded.problems,
+        }
+        line = f"case-reasoning cases: {summary['cases']}, {summary['diagnoses']} diagnoses"
+        return DataCheck(
+            {"casereason": summary}, [line], warnings=[f"casereason: {p}" for p in loaded.problems]
+        )
+
+    def synthesize(self, options: SynthOptions, echo: Callable[[str], object]) -> None:
+        from case_env.envs.casereason.synth import write_cases
+
+        path = options.out / self.name / "casereason_synthetic.jsonl"
+        rows = write_cases(options.patients, options.seed, path)
+        echo(f"wrote {len(rows)} case-reasoning cases (seed {options.seed}) to {path}")
+
+    # -- evaluation -----------------------------------------------------------------------------------
+    def variants(self, item: Item) -> list[Variant]:
+        return evaluation.variants(item)
+
+    def policy_factory(self, agent: str, bank: Path, seed: int) -> PolicyFactory:
+        from case_env.envs.casereason.agents import SampleReader, SequentialReader, make_reader
+
+        if agent not in self.agents:
+            return super().policy_factory(agent, bank, seed)
+
+        def make(item: Item, variant: Variant, repeat: int):
+            reader = make_reader(agent, item.extra["patient_id"], item.prompt[-1]["content"])
+            if variant.name.startswith("sample-"):
+                return SampleReader(reader, evaluation.sample_index(variant, repeat, seed))
+            attempts = int(
+                variant.create.get("attempts") or (item.extra.get("casereason") or {}).get("attempts", 1)
+            )
+            if variant.name == evaluation.SEQUENTIAL or attempts > 1:
+                return SequentialReader(reader, attempts)
+            return SampleReader(reader, 0)  # the row as it is, single turn
+
+        return make
+
+    def summarise(self, records: list[dict]) -> dict:
+        return evaluation.summarise(records)
+
+    def summary_lines(self, results: dict) -> list[str]:
+        return evaluation.summary_lines(results)

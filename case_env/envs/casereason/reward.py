@@ -1,0 +1,76 @@
+"""The case-reasoning reward: a pure function of (trajectory text, final diagnosis, extra_info).
+
+The answer is the last `<answer>…</answer>` after the last tool response, with a non-empty `<think>` before
+it for `format_ok`. With sequential attempts (`extra_info.casereason.attempts` = k > 1), the diagnoses the
+model submitted with `submit_diagnosis` (its executed calls, `case_env.core.calls`, never tool output) are its
+attempts in order, followed by the final answer when it differs from the last submission; only the first k
+count. `acc` is 1 when one of them is correct; `score` is 1 − (i − 1) / k for the first correct attempt i (a
+right first guess is worth more than a right fifth), plus `recall_weight` × reasoning recall when a bank sets
+one. Keys: score, acc, pred, format_ok, judge, recall, attempts, first_correct.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from case_env.core.answers import ANSWER_TAG, final_segment, last_answer, model_text
+from case_env.core.calls import ExecutedCall, executed_calls
+from case_env.core.llm import ChatClient, default_judge
+from case_env.envs.casereason.judge import judge
+from case_env.envs.casereason.recall import reasoning_recall
+from case_env.medicine.diagnosis import canonical
+
+_THINK = re.compile(r"<think>(.*?)(?:</think>|$)", re.DOTALL)
+KEYS = ("score", "acc", "pred", "format_ok", "judge", "recall", "attempts", "first_correct")
+
+
+def settings_of(extra_info: dict | None) -> dict:
+    extra = extra_info if isinstance(extra_info, dict) else {}
+    block = extra.get("casereason") or {}
+    return json.loads(block) if isinstance(block, str) else dict(block)
+
+
+def attempts_of(calls: list[ExecutedCall], final: str | None) -> list[str]:
+    submitted = [
+        str(c.arguments.get("diagnosis", "")).strip()
+        for c in calls
+        if c.tool == "submit_diagnosis" and c.ok and str(c.arguments.get("diagnosis", "")).strip()
+    ]
+    if final and (not submitted or canonical(final) != canonical(submitted[-1])):
+        submitted.append(final)
+    return submitted
+
+
+def casereason_score(
+    solution_str: str, ground_truth: str, extra_info: dict | None = None, client: ChatClient | None = None
+) -> dict[str, Any]:
+    text = solution_str or ""
+    settings = settings_of(extra_info)
+    k = max(1, int(settings.get("attempts", 1)))
+    content = last_answer(final_segment(text), (ANSWER_TAG,))
+    final = content.strip() if content and content.strip() else None
+    trace = "\n".join(_THINK.findall(model_text(text)))
+    client = client if client is not None else default_judge()
+    attempts = attempts_of(executed_calls(text, extra_info), final)[:k]
+    first, how = 0, "none"
+    for i, attempt in enumerate(attempts, start=1):
+        verdict = judge(attempt, str(ground_truth), client)
+        how = verdict.by
+        if verdict.correct:
+            first = i
+            break
+    recall = reasoning_recall(list(settings.get("statements") or []), trace, client)
+    weight = float(settings.get("recall_weight", 0.0))
+    score = (1 - (first - 1) / k if first else 0.0) + weight * recall.value
+    return {
+        "score": round(score, 6),
+        "acc": 1.0 if first else 0.0,
+        "pred": final or (attempts[-1] if attempts else ""),
+        "format_ok": bool(final) and bool(trace.strip()),
+        "judge": how,
+        "recall": round(recall.value, 6),
+        "attempts": len(attempts),
+        "first_correct": first,
+    }

@@ -1,0 +1,84 @@
+"""Model-free clinicians for the clinic environment: a scripted one that examines, and one that never does.
+
+Both ask the same questions and read the answers against the condition table (`case_env.medicine.conditions`,
+their textbook); neither sees the case's diagnosis, work-up or noise. The scripted clinician then orders,
+one at a time, the exam that would confirm its most likely remaining candidate, reads the findings for that
+condition's signature, and stops at the first confirmed one (at most `max_exams`). The no-exam clinician
+names its most likely candidate straight away. Their gap is what the environment must show: asking narrows
+a case to its presenting problem, only exams tell its conditions apart. Noise reaches them as it would a
+doctor: a swapped body part or descriptor misleads the symptom score, a missing or equivocal finding hides
+a signature.
+
+A clinician is a `case_env.core.policy.Policy`: the same object plays a case through the eval runner and
+through verl's ToolAgentLoop.
+"""
+
+from __future__ import annotations
+
+import re
+
+from case_env.core.policy import Observation, Turn
+from case_env.medicine.conditions import CONDITIONS, Condition
+from case_env.medicine.exams import parse_exam_string
+from case_env.medicine.symptoms import symptom_scores
+
+QUESTIONS = ("Hello, what brings you in today?", "What else have you noticed?", "Anything else at all?")
+
+
+def confirms(condition: Condition, exam: str, findings: str) -> float:
+    """1 when the findings show the condition's signature, 0.4 when only equivocally, else 0."""
+    words = condition.signature.get(exam, ())
+    text = findings.lower()
+    if not any(w in text for w in words):
+        return 0.0
+    return 0.4 if re.search(r"equivocal|non-specific|caution", text) else 1.0
+
+
+class Clinician:
+    """Asks, then examines its candidates in order of likelihood (`max_exams` 0: never examines)."""
+
+    def __init__(self, prompt: str, max_exams: int = 4):
+        self.prompt = prompt
+        self.max_exams = max_exams
+
+    def next_turn(self, done: list[Observation]) -> Turn:
+        asked = [m for m in done if m.tool == "ask_patient"]
+        if len(asked) < len(QUESTIONS) and not any("everything" in m.text for m in asked):
+            return Turn(call=("ask_patient", {"question": QUESTIONS[len(asked)]}))
+        answers = " ".join(m.text for m in asked)
+        belief = symptom_scores(self.prompt, answers)
+        exams = [m for m in done if m.tool == "order_exam"]
+        for move in exams:
+            key = parse_exam_string(_call(move.arguments)).key()
+            for name in belief:
+                belief[name] += 10.0 * confirms(CONDITIONS[name], key, move.text)
+        best = max(belief, key=lambda n: (belief[n], n))
+        ordered = {parse_exam_string(_call(m.arguments)).key() for m in exams}
+        confirmed = any(
+            confirms(CONDITIONS[best], parse_exam_string(_call(m.arguments)).key(), m.text) == 1.0
+            for m in exams
+        )
+        if not confirmed and len(exams) < self.max_exams:
+            family = CONDITIONS[best].family
+            for name in sorted(belief, key=lambda n: (-belief[n], n)):
+                condition = CONDITIONS[name]
+                if condition.family != family:
+                    continue
+                todo = [e for e in condition.signature if e not in ordered]
+                if todo:
+                    return Turn(call=("order_exam", parse_exam_string(todo[0]).as_arguments()))
+        return Turn(f"The findings fit {best}.\n<answer>{best}</answer>")
+
+
+def _call(arguments: dict) -> str:
+    arguments = dict(arguments)
+    name = arguments.pop("exam", "")
+    return f"{name}(" + ", ".join(f'{k}="{v}"' for k, v in arguments.items() if v) + ")"
+
+
+def make_clinician(name: str, prompt: str) -> Clinician:
+    if name == "clinician":
+        return Clinician(prompt)
+    if name == "no-exam":
+        return Clinician(prompt, max_exams=0)
+    raise ValueError(f"unknown clinic agent {name!r}; choose clinician, no-exam or openai")

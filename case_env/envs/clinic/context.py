@@ -1,0 +1,50 @@
+"""What a clinic call carries besides its arguments: the episode's earlier patient exchanges and the row's
+noise configuration, and what a clinic tool may touch with it.
+
+The server holds no conversation state (any worker answers any call, a retried call is idempotent), so the
+caller sends what the patient simulator needs: the questions asked so far with the answers given, and the
+noise configuration of the bank row. Both come from the trajectory and the dataset row, never from the
+model: the verl adapter and the eval runner build them with `ClinicEnvironment.episode_context`, and no
+tool schema has a field for them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from case_env.core.tools import ToolContext
+from case_env.envs.clinic.cases import ClinicCase
+from case_env.envs.clinic.noise import NoiseConfig
+
+MAX_EXCHANGES = 64
+MAX_TEXT = 4000
+
+
+class Exchange(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    question: str = Field(max_length=MAX_TEXT, description="What the clinician asked.")
+    answer: str = Field(max_length=MAX_TEXT, description="What the patient answered.")
+
+
+class ClinicEpisode(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    history: list[Exchange] = Field(
+        default_factory=list,
+        max_length=MAX_EXCHANGES,
+        description="Earlier ask_patient exchanges of this episode, oldest first.",
+    )
+    noise: NoiseConfig = Field(
+        default_factory=NoiseConfig, description="The bank row's noise configuration (no noise by default)."
+    )
+
+
+@dataclass
+class ClinicContext(ToolContext):
+    episode: ClinicEpisode
+
+    def case(self) -> ClinicCase:
+        return self.store.cases[self.patient_id]

@@ -1,0 +1,61 @@
+"""The server's clinic cases and patient simulator, loaded once per worker.
+
+Cases come from `CASE_ENV_CLINIC_CASES` (CSV or JSONL files, or directories of them, separated by the
+path separator), else from `<data root>/clinic/` when that directory exists; without either the clinic
+tools answer that no clinic case exists. The LLM patient is used when `CASE_ENV_CLINIC_PATIENT_URL` is set.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from case_env.core.llm import ChatClient, LLMSettings
+from case_env.core.store import CaseTable, case_paths
+from case_env.envs.clinic.cases import ClinicCase, load_cases
+from case_env.envs.clinic.noise import NoisePlan
+from case_env.envs.clinic.patient import LLMPatient, RulePatient
+
+log = logging.getLogger("case_env.envs.clinic")
+
+
+class ClinicSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CASE_ENV_CLINIC_", extra="ignore")
+
+    cases: str | None = Field(None, description="Case files or directories, separated by the path separator.")
+    patient_url: str | None = Field(None, description="OpenAI-compatible endpoint of an LLM patient.")
+    patient_model: str = Field("gpt-4.1-mini", description="Model of the LLM patient.")
+    patient_timeout_s: float = Field(8.0, gt=0, description="Past this, the rule-based patient answers.")
+    patient_cache: Path | None = Field(None, description="SQLite cache of LLM patient answers.")
+
+
+class ClinicStore(CaseTable):
+    def __init__(
+        self, cases: list[ClinicCase], problems: list[str] | None = None, llm: ChatClient | None = None
+    ):
+        super().__init__(cases, problems)
+        self.llm = llm
+
+    @classmethod
+    def load(cls, settings: ClinicSettings, data_root: Path | None = None) -> ClinicStore:
+        paths = case_paths(settings.cases, data_root, "clinic")
+        loaded = load_cases(paths)
+        llm = None
+        if settings.patient_url:
+            llm = ChatClient(
+                LLMSettings(
+                    base_url=settings.patient_url,
+                    model=settings.patient_model,
+                    timeout_s=settings.patient_timeout_s,
+                    cache_path=settings.patient_cache,
+                )
+            )
+        if paths:
+            log.info("clinic: %d cases, %d problem(s)", len(loaded.cases), len(loaded.problems))
+        return cls(loaded.cases, loaded.problems, llm)
+
+    def patient(self, case: ClinicCase, plan: NoisePlan) -> RulePatient | LLMPatient:
+        return LLMPatient(self.llm, case, plan) if self.llm is not None else RulePatient(case, plan)

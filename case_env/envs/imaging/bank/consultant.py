@@ -1,0 +1,152 @@
+"""Consultant questions (data source medboard_opsd): diagnosis from the longitudinal record, and claims
+that need both a report and a measurement to check."""
+
+from __future__ import annotations
+
+import math
+
+from case_env.core.frozen import FrozenDraw
+from case_env.envs.imaging.bank.anatomist import VISIT_WORDS, words
+from case_env.envs.imaging.bank.drafts import BankContext, Draft, call
+from case_env.envs.imaging.bank.facts import PatientFacts
+from case_env.envs.imaging.synth.scenarios import C78_7, K76_0, K76_8, K86_8, M62_5, N28_1, R16_1
+from case_env.envs.imaging.terms import Persona
+
+CODES = [K76_0, K76_8, C78_7, N28_1, R16_1, K86_8, M62_5]
+NO_DIAGNOSIS = "No new diagnosis: the record shows no significant interval change"
+CLAIM_VERDICTS = {
+    "supported": "Supported: the report and the measurement both agree",
+    "refuted_report": "Refuted: the report says otherwise",
+    "refuted_measurement": "Refuted: the measurement says otherwise",
+    "not_determinable": "Cannot be determined from the available record",
+}
+GRADES = ("normal", "mild steatosis", "moderate steatosis", "severe steatosis")
+CLAIM_ORGANS = ("liver", "spleen", "pancreas", "left_kidney", "right_kidney")
+# Organs outside the segmentation, with plausible adult volumes (mL) so the claim's number is no tell.
+UNSEGMENTED = {
+    "thyroid_gland": (10, 25),
+    "left_adrenal_gland": (4, 8),
+    "duodenum": (40, 90),
+    "colon": (300, 600),
+}
+
+
+def diagnosis(f: PatientFacts, d: FrozenDraw, ctx: BankContext) -> list[Draft]:
+    if f.icd10:
+        code = f.icd10[0]["code"]
+        correct = f"{code} {f.icd10[0]['title']}"
+        pool = [f"{c.code} {c.title}" for c in CODES if c.code != code]
+        distractors = [NO_DIAGNOSIS, *d.shuffled("dx", pool)[:2]]
+        category = code
+    else:
+        correct, category = NO_DIAGNOSIS, "none"
+        distractors = d.shuffled("dx", [f"{c.code} {c.title}" for c in CODES])[:3]
+    insight = "The follow-up report's impression and the change since baseline point to: " + correct + "."
+    return [
+        Draft(
+            Persona.CONSULTANT,
+            "diagnosis",
+            category,
+            f.patient_id,
+            "Which ICD-10 diagnosis does the change between the baseline and follow-up examinations best support?",
+            correct,
+            distractors,
+            [call("read_report", visit="baseline"), call("read_report", visit="follow_up")],
+            insight,
+        )
+    ]
+
+
+def _report_statements(f: PatientFacts) -> list[tuple[str, str]]:
+    """(true statement, false statement) pairs about the follow-up report."""
+    report = f.visits["follow_up"].report or {}
+    findings = {x["organ"]: x for x in report.get("findings", [])}
+    out = []
+    spleen = findings.get("spleen", {}).get("text", "")
+    if spleen:
+        enlarged = "enlarged" in spleen
+        out.append(
+            (
+                "the follow-up report describes the spleen as enlarged",
+                "the follow-up report describes the spleen as normal in size",
+            )[:: 1 if enlarged else -1]
+        )
+    grade = findings.get("liver", {}).get("fat_grade")
+    if grade:
+        wrong = GRADES[(GRADES.index(grade) + 2) % len(GRADES)]
+        out.append(
+            (
+                f"the follow-up report grades the liver fat as {grade}",
+                f"the follow-up report grades the liver fat as {wrong}",
+            )
+        )
+    new = any(les["status"] == "new" for les in report.get("lesions", []))
+    out.append(
+        (
+            "the follow-up report describes a new focal lesion",
+            "the follow-up report describes no new focal lesion",
+        )[:: 1 if new else -1]
+    )
+    return out
+
+
+def claim(f: PatientFacts, d: FrozenDraw, ctx: BankContext) -> list[Draft]:
+    out = []
+    statements = _report_statements(f)
+    organs = d.shuffled("claim-organs", list(CLAIM_ORGANS))
+    for n in range(3):
+        category = d.choice(f"claim-class-{n}", list(CLAIM_VERDICTS))
+        true_report, false_report = statements[d.integer(f"claim-stmt-{n}", 0, len(statements) - 1)]
+        organ = organs[n]
+        value = f.visits["follow_up"].volumes[organ]
+        above = d.chance(f"claim-dir-{n}", 0.5)
+        honest = (
+            f"more than {math.floor(0.9 * value):,} mL"
+            if above
+            else f"less than {math.ceil(1.1 * value):,} mL"
+        )
+        wrong = (
+            f"more than {math.ceil(1.1 * value):,} mL"
+            if above
+            else f"less than {math.floor(0.9 * value):,} mL"
+        )
+        report_part = false_report if category == "refuted_report" else true_report
+        if category == "not_determinable":
+            absent = d.choice(f"claim-absent-{n}", list(UNSEGMENTED))
+            amount = round(d.uniform(f"claim-absent-ml-{n}", *UNSEGMENTED[absent]))
+            measured = (
+                f"the {words(absent)} measures {'more' if above else 'less'} than {amount:,} mL at follow-up"
+            )
+            evidence_organ = absent
+        else:
+            amount = wrong if category == "refuted_measurement" else honest
+            measured = f"the {words(organ)} measures {amount} at follow-up"
+            evidence_organ = organ
+        text = f'Consider the claim: "{report_part[0].upper() + report_part[1:]}, and {measured}." How does the record bear on it?'
+        insight = {
+            "supported": f"The report confirms it and get_organ_volume gives {value:,.1f} mL for the {words(organ)}.",
+            "refuted_report": f"The report contradicts the first part ({true_report}).",
+            "refuted_measurement": f"get_organ_volume gives {value:,.1f} mL for the {words(organ)}, which contradicts the claim.",
+            "not_determinable": f"The segmentation has no {words(evidence_organ)}, so that part cannot be checked.",
+        }[category]
+        out.append(
+            Draft(
+                Persona.CONSULTANT,
+                "claim",
+                category,
+                f.patient_id,
+                text,
+                CLAIM_VERDICTS[category],
+                [t for c, t in CLAIM_VERDICTS.items() if c != category],
+                [
+                    call("read_report", visit="follow_up"),
+                    call("get_organ_volume", organ=evidence_organ, visit="follow_up"),
+                ],
+                insight,
+            )
+        )
+    return out
+
+
+TEMPLATES = (diagnosis, claim)
+__all__ = ["TEMPLATES", "VISIT_WORDS"]

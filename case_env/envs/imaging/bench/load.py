@@ -1,0 +1,247 @@
+"""The load generator of `case-env bench server`, run as its own process so its CPU is not the server's.
+
+Each virtual rollout plays one realistic episode after another (visits, context, volumes, several renders,
+a comparison, a report) over a random patient with a fresh episode id, as a verl rollout does. With
+`--group-size G`, rollouts come in groups of G that share the patient and every drawn argument, as G samples
+of one GRPO prompt would if they agreed on every call (real groups diverge, so the truth lies between group
+size 1 and G); all rollouts
+run concurrently on one event loop over aiohttp, whose client costs a fraction of httpx's per request, so
+the generator stays light on a machine it shares with the server. Latencies are wall time per call as the
+client sees it, queueing included.
+
+    python -m case_env.envs.imaging.bench.load URL PATIENTS_FILE OUT_JSON --rollouts N --duration S --warmup S
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import aiohttp
+
+ORGANS = ("liver", "spleen", "pancreas", "left_kidney", "right_kidney", "gallbladder")
+SEQUENCES = ("water", "fat", "in", "opp")
+PLANES = ("axial", "coronal", "sagittal")
+
+
+def episode_calls(rng: random.Random) -> list[tuple[str, dict]]:
+    """One episode's calls: the shape of a Radiologist or Anatomist trajectory, with drawn arguments."""
+    organ = rng.choice(ORGANS[:3])
+    position = rng.randint(20, 80)
+    return [
+        ("list_visits", {}),
+        ("get_clinical_context", {"section": rng.choice(("demographics", "study", "history"))}),
+        ("get_organ_volume", {"organ": rng.choice(ORGANS), "visit": rng.choice(("baseline", "follow_up"))}),
+        ("compare_organ_volume", {"organ": rng.choice(ORGANS)}),
+        (
+            "render_slice",
+            {
+                "visit": "baseline",
+                "sequence": rng.choice(SEQUENCES),
+                "plane": "axial",
+                "organ": organ,
+                "position": position,
+            },
+        ),
+        (
+            "render_slice",
+            {
+                "visit": "follow_up",
+                "sequence": rng.choice(SEQUENCES),
+                "plane": rng.choice(PLANES),
+                "overlay": True,
+                "position": rng.randint(20, 80),
+            },
+        ),
+        (
+            "render_comparison",
+            {
+                "sequence": rng.choice(("fat", "water")),
+                "plane": "axial",
+                "organ": organ,
+                "position": position,
+            },
+        ),
+        (
+            "render_slice",
+            {"visit": "follow_up", "sequence": "opp", "plane": "sagittal", "position": rng.randint(20, 80)},
+        ),
+        ("read_report", {"visit": rng.choice(("baseline", "follow_up"))}),
+    ]
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
+
+
+class Tally:
+    def __init__(self) -> None:
+        self.samples: dict[str, list[float]] = defaultdict(list)
+        self.errors: dict[str, int] = defaultdict(int)
+
+
+async def _rollout(
+    session: aiohttp.ClientSession,
+    url: str,
+    patients: list[str],
+    stop: float,
+    rng: random.Random,
+    tally: Tally,
+    think_s: float,
+    episodes: int | None = None,
+    member: int = 0,
+) -> None:
+    done = 0
+    while time.perf_counter() < stop and (episodes is None or done < episodes):
+        done += 1
+        patient = rng.choice(patients)
+        episode = f"bench-{rng.getrandbits(64):016x}-{member}"  # members of a group share the draws
+        for tool, arguments in episode_calls(rng):
+            if think_s > 0:
+                await asyncio.sleep(rng.expovariate(1 / think_s))  # the policy generating its next turn
+            if time.perf_counter() >= stop:
+                return
+            body = {"episode_id": episode, "patient_id": patient, "arguments": arguments}
+            started = time.perf_counter()
+            try:
+                async with session.post(f"{url}/v1/tools/{tool}", json=body) as response:
+                    payload = await response.read()
+                    if response.status != 200:
+                        kind = f"http_{response.status}"
+                    elif b'"ok":true' not in payload[:200]:
+                        kind = f"tool_{json.loads(payload)['error']['code']}"
+                    else:
+                        kind = "ok"
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                kind = type(exc).__name__
+            elapsed = time.perf_counter() - started
+            if kind == "ok":
+                tally.samples[tool].append(elapsed)
+            else:
+                tally.errors[kind] += 1
+
+
+async def run_load(
+    url: str,
+    patients: list[str],
+    rollouts: int,
+    duration: float,
+    warmup: float,
+    seed: int = 0,
+    think_s: float = 0.0,
+    episodes: int | None = None,
+    group_size: int = 1,
+) -> dict:
+    connector = aiohttp.TCPConnector(limit=rollouts, limit_per_host=rollouts)
+    timeout = aiohttp.ClientTimeout(total=60)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        master = random.Random(seed)
+        warm = Tally()
+        stop = time.perf_counter() + warmup
+        seeds = [master.random() for _ in range(-(-rollouts // group_size))]
+        await asyncio.gather(
+            *[
+                _rollout(
+                    session,
+                    url,
+                    patients,
+                    stop,
+                    random.Random(seeds[n // group_size]),
+                    warm,
+                    think_s,
+                    member=n % group_size,
+                )
+                for n in range(rollouts)
+            ]
+        )
+        tally = Tally()
+        started = time.perf_counter()
+        stop = started + duration
+        seeds = [master.random() for _ in range(-(-rollouts // group_size))]
+        await asyncio.gather(
+            *[
+                _rollout(
+                    session,
+                    url,
+                    patients,
+                    stop,
+                    random.Random(seeds[n // group_size]),
+                    tally,
+                    think_s,
+                    episodes,
+                    member=n % group_size,
+                )
+                for n in range(rollouts)
+            ]
+        )
+        elapsed = time.perf_counter() - started
+    return summarise(tally, rollouts, elapsed)
+
+
+def summarise(tally: Tally, rollouts: int, elapsed: float) -> dict:
+    calls = sum(len(v) for v in tally.samples.values())
+    everything = [s for v in tally.samples.values() for s in v]
+
+    def figures(values: list[float]) -> dict:
+        return {
+            "n": len(values),
+            "p50": round(1000 * percentile(values, 50), 1),
+            "p95": round(1000 * percentile(values, 95), 1),
+            "p99": round(1000 * percentile(values, 99), 1),
+            "mean": round(1000 * statistics.fmean(values), 1) if values else float("nan"),
+        }
+
+    return {
+        "rollouts": rollouts,
+        "duration_s": round(elapsed, 2),
+        "calls": calls,
+        "calls_per_s": round(calls / elapsed, 1),
+        "errors": dict(sorted(tally.errors.items())),
+        "latency_ms": {tool: figures(v) for tool, v in sorted(tally.samples.items())},
+        "latency_ms_all": figures(everything),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("url")
+    parser.add_argument("patients", type=Path, help="File with one patient id per line.")
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--rollouts", type=int, default=256)
+    parser.add_argument("--duration", type=float, default=20.0)
+    parser.add_argument("--warmup", type=float, default=3.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--think-ms", type=float, default=0.0, help="Mean think time before each call.")
+    parser.add_argument(
+        "--episodes", type=int, default=None, help="Stop each rollout after this many episodes."
+    )
+    parser.add_argument("--group-size", type=int, default=1, help="Rollouts that share patient and calls.")
+    a = parser.parse_args()
+    patients = [line.strip() for line in a.patients.read_text().splitlines() if line.strip()]
+    result = asyncio.run(
+        run_load(
+            a.url,
+            patients,
+            a.rollouts,
+            a.duration,
+            a.warmup,
+            a.seed,
+            a.think_ms / 1000,
+            a.episodes,
+            a.group_size,
+        )
+    )
+    a.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()

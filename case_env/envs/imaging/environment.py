@@ -1,0 +1,229 @@
+"""The imaging environment (CASE): patient-scoped tools over longitudinal whole-body Dixon MRI, multiple-choice
+questions for three personas, a letter reward."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import Field
+
+from case_env.core.bank import Item, reference_rows
+from case_env.core.environment import (
+    BankBuild,
+    BankOptions,
+    DataCheck,
+    Environment,
+    PolicyFactory,
+    ReportParts,
+    Score,
+    SynthOptions,
+    Variant,
+)
+from case_env.core.errors import CommandError
+from case_env.envs.imaging import evaluation
+
+if TYPE_CHECKING:
+    import typer
+
+    from case_env.envs.imaging.store import ImagingStore
+    from case_env.settings import DataSettings
+
+CASE_SOURCES = ("vista3d_opsd", "medpanel_v2_opsd", "medboard_opsd")  # Anatomist, Radiologist, Consultant
+KEY_ORGANS = ("liver", "spleen", "pancreas", "left_kidney", "right_kidney", "gallbladder", "stomach", "heart")
+
+
+class ImagingSynthOptions(SynthOptions):
+    profile: Literal["ci", "full"] = Field(
+        "ci", description="ci (112x87x185, fast) or full (224x174x370, UK Biobank grid)."
+    )
+    force: bool = Field(False, description="Replace an existing synthetic dataset with other settings.")
+    jobs: int = Field(0, ge=0, description="Worker processes (0: one per CPU).")
+
+
+class ImagingEnvironment(Environment):
+    name = "imaging"
+    title = "imaging"
+    summary = (
+        "CASE: patient-scoped tools over longitudinal Dixon MRI; multiple-choice questions, letter reward."
+    )
+    tools_package = "case_env.tools.imaging"
+    personas_package = "case_env.personas.imaging"
+    synth_options = ImagingSynthOptions
+    required_extra = ("options",)
+    agents = ("scripted", "vision", "no-tool", "random")
+    loop_agent = "vision"
+    max_turns = 32
+    default = True
+
+    def __init__(self, store_class: type | None = None, imaging_class: type | None = None):
+        # the benchmark's naive reference engine swaps the data engine behind the same tools
+        self.store_class = store_class
+        self.imaging_class = imaging_class
+
+    def open_store(self, data: DataSettings) -> ImagingStore:
+        from case_env.envs.imaging.data.store import PatientStore
+        from case_env.envs.imaging.store import ImagingStore
+        from case_env.envs.imaging.viewer.service import Imaging
+
+        patients = (self.store_class or PatientStore)(settings=data)
+        return ImagingStore(patients, (self.imaging_class or Imaging)(patients, data.image_max_side))
+
+    def tool_context(self, store, patient_id, episode):
+        from case_env.envs.imaging.context import ImagingContext
+
+        return ImagingContext(store, patient_id, episode)
+
+    # -- banks and rewards ------------------------------------------------------------------------------
+    def build_bank(self, options: BankOptions) -> BankBuild:
+        from case_env.envs.imaging.bank.build import build
+        from case_env.envs.imaging.data.store import PatientStore
+
+        if options.data_root is None:
+            raise CommandError("--data-root is required for an imaging bank", 2)
+        store = PatientStore(options.data_root)
+        if store.index.errors or not store.patient_ids():
+            problems = "; ".join(str(p) for p in store.index.errors[:10]) or "no patients"
+            raise CommandError(
+                f"{options.data_root} is not a usable data root ({problems}; see `case-env data check`)"
+            )
+        result = build(store, options.seed, options.split)
+        sources = CASE_SOURCES
+        table = [
+            f"{'split':6s} {'patients':>8s} " + " ".join(f"{s:>17s}" for s in sources) + f" {'total':>6s}"
+        ]
+        for name, counts in result.counts().items():
+            cells = " ".join(f"{counts.get(s, 0):17d}" for s in sources)
+            table.append(f"{name:6s} {len(result.patients[name]):8d} {cells} {sum(counts.values()):6d}")
+        meta = {"seed": options.seed, "split": options.split, "data_root": str(store.root)}
+        return BankBuild(result, meta, table)
+
+    def score(self, solution_str: str, ground_truth: str, extra_info: dict | None) -> Score:
+        from case_env.envs.imaging.reward import letter_score
+
+        return letter_score(solution_str, ground_truth)
+
+    def check_row(self, row: dict, extra: dict) -> list[str]:
+        options = extra.get("options")
+        if "options" not in extra:
+            return []
+        if isinstance(options, dict):
+            letters = [str(k).strip().upper() for k in options]
+        elif isinstance(options, list):
+            letters = list("ABCDEFGHIJ"[: len(options)])
+        else:
+            return ["extra_info.options must be a list or an object keyed by letter"]
+        truth = (
+            (row.get("reward_model") or {}).get("ground_truth")
+            if isinstance(row.get("reward_model"), dict)
+            else None
+        )
+        if truth and str(truth).strip().strip("()").upper() not in letters:
+            return [f"ground truth {truth!r} is not one of the options {', '.join(letters)}"]
+        return []
+
+    # -- data -----------------------------------------------------------------------------------------
+    def check_data(self, root: Path) -> DataCheck:
+        from case_env.envs.imaging.data.check import check_root
+
+        report = check_root(root)
+        summary = report.to_json()
+        lines = [f"data root {report.root}: {len(report.patients)} patients (volumes in mL)"]
+        lines.append(
+            f"{'patient':10s} {'visit':10s} {'date':10s} "
+            + " ".join(f"{o[:12]:>12s}" for o in KEY_ORGANS)
+            + "  organs"
+        )
+        for patient in report.patients:
+            for v in patient.visits:
+                cells = " ".join(
+                    f"{v.organs[o]:12.1f}" if o in v.organs else f"{'-':>12s}" for o in KEY_ORGANS
+                )
+                lines.append(
+                    f"{patient.patient_id:10s} {v.visit:10s} {v.acq_date or '-':10s} {cells}  {len(v.organs)}"
+                )
+        return DataCheck(
+            {"root": summary["root"], "patients": summary["patients"]},
+            lines,
+            [str(p) for p in report.errors],
+            [str(p) for p in report.warnings],
+        )
+
+    def synthesize(self, options: SynthOptions, echo: Callable[[str], object]) -> None:
+        from case_env.envs.imaging.synth.writer import DatasetExistsError, generate_dataset
+
+        assert isinstance(options, ImagingSynthOptions)
+        workers = options.jobs or os.cpu_count() or 1
+        start = time.perf_counter()
+
+        def progress(s) -> None:
+            per_visit = ", ".join(f"{t:.1f}" for t in s.seconds_per_visit)
+            echo(f"  {s.public_id} ({s.subject}) {s.sex} {s.age}y {s.scenario:26s} {per_visit} s/visit")
+
+        try:
+            summaries, written = generate_dataset(
+                options.out, options.patients, options.profile, options.seed, options.force, workers, progress
+            )
+        except DatasetExistsError as exc:
+            raise CommandError(str(exc)) from None
+        if not written:
+            echo(
+                f"{options.out}: {options.patients} {options.profile}-profile patients with seed {options.seed} "
+                "already present; nothing to do"
+            )
+            return
+        echo(f"wrote {len(summaries)} patients to {options.out} in {time.perf_counter() - start:.1f} s")
+
+    # -- evaluation -----------------------------------------------------------------------------------
+    def policy_factory(self, agent: str, bank: Path, seed: int) -> PolicyFactory:
+        from case_env.envs.imaging.agents import scripted_agent
+        from case_env.envs.imaging.agents.baselines import LeavePatientOut, NoToolAgent, RandomAgent
+        from case_env.envs.imaging.agents.scripted import TextAgent
+
+        if agent == "scripted":
+            return lambda item, _variant, _repeat: TextAgent(
+                item.extra
+            )  # tool text only, also on image questions
+        if agent == "vision":  # pixels for image questions; a vision policy reads the text of the others
+            return lambda item, _variant, _repeat: scripted_agent(item.extra)
+        if agent == "random":
+            return lambda item, _variant, repeat: RandomAgent(item.extra, seed + repeat)
+        if agent == "no-tool":
+            priors = LeavePatientOut(reference_rows(bank))
+            lock = threading.Lock()  # agents are made on several threads; fit each patient's prior once
+
+            def no_tool(item: Item, _variant: Variant, repeat: int):
+                with lock:
+                    return NoToolAgent(item.extra, seed + repeat, priors)
+
+            return no_tool
+        return super().policy_factory(agent, bank, seed)
+
+    def record_fields(self, item: Item) -> dict:
+        extra = item.extra
+        return {
+            "template": extra.get("template"),
+            "scenario": extra.get("scenario", ""),
+            "answer_type": "mcq",
+            "teacher_insight": extra.get("teacher_insight", ""),
+            "options": len(extra["options"]),
+        }
+
+    def summarise(self, records: list[dict]) -> dict:
+        return evaluation.summarise(records)
+
+    def summary_lines(self, results: dict) -> list[str]:
+        return evaluation.summary_lines(results)
+
+    def report(self, runs: list[tuple[str, dict]], records: list[dict]) -> ReportParts:
+        return evaluation.report(runs, records)
+
+    # -- command line ---------------------------------------------------------------------------------
+    def cli(self, groups: dict[str, typer.Typer]) -> None:
+        from case_env.envs.imaging.cli import register
+
+        register(groups)

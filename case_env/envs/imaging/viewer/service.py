@@ -1,0 +1,235 @@
+"""Rendering with memory: intensity windows, organ extents and slice positions per patient.
+
+A window is computed once per (patient, sequence) from both visits pooled and reused for every image of
+that patient, so a liver that gains fat looks brighter on the fat image at follow-up instead of being
+normalised away (docs/sources.md, Rendering). Positions are resolved in millimetres, so a comparison shows
+the same anatomical level at both visits even when their grids differ.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Hashable
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image
+
+from case_env.envs.imaging.data.nifti import Volume
+from case_env.envs.imaging.data.store import PatientStore
+from case_env.envs.imaging.labels import colour_name
+from case_env.envs.imaging.viewer import render
+from case_env.envs.imaging.viewer.render import AXIS, Plane, Window
+
+_SAMPLE_STRIDE = (
+    7  # a strided subsample gives the same percentiles as the whole volume (docs/sources.md, Rendering)
+)
+
+
+class OrganNotFoundError(LookupError):
+    """The organ has no voxels in the label map of that visit."""
+
+
+@dataclass(frozen=True)
+class SlicePosition:
+    plane: Plane
+    index: int  # slice index along the plane's axis in that visit's array
+    count: int  # slices along that axis
+    mm: float  # world coordinate of the slice along the axis
+    percent: float
+    organ: str | None
+
+
+@dataclass(frozen=True)
+class RenderedSlice:
+    image: Image.Image
+    position: SlicePosition
+    window: Window
+    pixel_mm: float
+    legend: list[tuple[str, str]]  # (organ, colour name) of outlined organs, largest first
+
+
+class _Memo:
+    """A small thread-safe LRU for derived facts (windows, extents)."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self.items: OrderedDict[Hashable, object] = OrderedDict()
+        self.lock = threading.Lock()
+
+    def get(self, key: Hashable):
+        with self.lock:
+            if key in self.items:
+                self.items.move_to_end(key)
+                return self.items[key]
+        return None
+
+    def put(self, key: Hashable, value: object) -> None:
+        with self.lock:
+            self.items[key] = value
+            while len(self.items) > self.size:
+                self.items.popitem(last=False)
+
+
+def _world_along(volume: Volume, axis: int, index: float) -> float:
+    return float(volume.affine[axis, axis] * index + volume.affine[axis, 3])
+
+
+def _index_at(volume: Volume, axis: int, mm: float) -> int:
+    return round((mm - volume.affine[axis, 3]) / volume.affine[axis, axis])
+
+
+class Imaging:
+    def __init__(self, store: PatientStore, max_side: int = 448):
+        self.store = store
+        self.max_side = max_side
+        self._windows = _Memo(4096)
+        self._extents = _Memo(65536)
+        self._palette = self._build_palette()
+
+    def _build_palette(self) -> np.ndarray:
+        palette = np.zeros((256, 3), np.uint8)
+        for label in self.store.label_table.labels:
+            palette[label.index] = [int(label.colour[i : i + 2], 16) for i in (1, 3, 5)]
+        return palette
+
+    # -- windows and extents ------------------------------------------------------------------------------
+    def window(self, patient_id: str, channel: str) -> Window:
+        visits = [v for v in self.store.patient(patient_id).visits if channel in v.channels]
+        key = (
+            patient_id,
+            channel,
+            tuple(self.store.file_key(v.channels[channel], patient_id, v.visit) for v in visits),
+        )
+        cached = self._windows.get(key)
+        if cached is None:
+            volumes = [self.store.image(patient_id, v.visit, channel) for v in visits]
+            cached = render.volume_window([v.data.ravel(order="K")[::_SAMPLE_STRIDE] for v in volumes])
+            self._windows.put(key, cached)
+        return cached  # type: ignore[return-value]
+
+    def extent(self, patient_id: str, visit: str, organ: str) -> tuple[tuple[int, int], ...]:
+        """Index bounds (first, last) of an organ along each axis."""
+        label = self.store.label_table.by_organ.get(organ)
+        vf = self.store.visit(patient_id, visit)
+        key = (self.store.file_key(vf.organs, patient_id, visit) if vf.organs else None, organ)
+        cached = self._extents.get(key)
+        if cached is None:
+            labels = self.store.organ_labels(patient_id, visit)
+            mask = labels.data == label.index if label else np.zeros(labels.shape, bool)
+            bounds = []
+            for axis in range(3):
+                hits = np.flatnonzero(mask.any(axis=tuple(a for a in range(3) if a != axis)))
+                bounds.append((int(hits[0]), int(hits[-1])) if hits.size else None)
+            cached = tuple(bounds)
+            self._extents.put(key, cached)
+        if cached[0] is None:  # type: ignore[index]
+            raise OrganNotFoundError(organ)
+        return cached  # type: ignore[return-value]
+
+    def organs_present(self, patient_id: str, visit: str) -> list[str]:
+        return sorted(self.store.volumetry(patient_id, visit))
+
+    # -- positions ----------------------------------------------------------------------------------------
+    def _span(
+        self, patient_id: str, visits: list[str], axis: int, organ: str | None, channel: str
+    ) -> tuple[float, float, dict[str, Volume]]:
+        """World-coordinate span (low, high) along an axis: the organ's extent over the visits, or the scan's."""
+        volumes = {v: self.store.image(patient_id, v, channel) for v in visits}
+        spans = []
+        for v in visits:
+            if organ is None:
+                first, last = 0, volumes[v].shape[axis] - 1
+            else:
+                first, last = self.extent(patient_id, v, organ)[axis]
+            spans.append(
+                sorted((_world_along(volumes[v], axis, first), _world_along(volumes[v], axis, last)))
+            )
+        return min(s[0] for s in spans), max(s[1] for s in spans), volumes
+
+    def positions(
+        self,
+        patient_id: str,
+        visits: list[str],
+        plane: Plane,
+        percent: float,
+        organ: str | None,
+        channel: str,
+    ) -> dict[str, SlicePosition]:
+        """The same millimetre level in each visit: `percent` of the organ's extent (union over the visits)
+        or of the whole volume along the plane's axis."""
+        axis = AXIS[plane]
+        low, high, volumes = self._span(patient_id, visits, axis, organ, channel)
+        mm = low + percent / 100.0 * (high - low)
+        out = {}
+        for v, volume in volumes.items():
+            index = int(np.clip(_index_at(volume, axis, mm), 0, volume.shape[axis] - 1))
+            out[v] = SlicePosition(
+                plane, index, volume.shape[axis], round(_world_along(volume, axis, index), 1), percent, organ
+            )
+        return out
+
+    def percent_at(
+        self, patient_id: str, visits: list[str], plane: Plane, mm: float, organ: str | None, channel: str
+    ) -> float:
+        """The `position` argument that cuts through world coordinate `mm` (inverse of `positions`)."""
+        low, high, _ = self._span(patient_id, visits, AXIS[plane], organ, channel)
+        return float(np.clip(100.0 * (mm - low) / (high - low), 0.0, 100.0)) if high > low else 50.0
+
+    # -- rendering ----------------------------------------------------------------------------------------
+    def render(
+        self,
+        patient_id: str,
+        visit: str,
+        channel: str,
+        position: SlicePosition,
+        overlay: bool,
+        longest: int | None = None,
+    ) -> RenderedSlice:
+        volume = self.store.image(patient_id, visit, channel)
+        window = self.window(patient_id, channel)
+        raw = render.take_slice(volume.data, position.plane, position.index)
+        mm = render.pixel_mm(volume.spacing, position.plane)
+        size = render.display_size(raw.shape, mm, longest or self.max_side)
+        gray = render.resize(render.to_uint8(raw, window), size)
+        legend: list[tuple[str, str]] = []
+        image = gray
+        if overlay:
+            labels = self.store.organ_labels(patient_id, visit)
+            small = render.resize_labels(render.take_slice(labels.data, position.plane, position.index), size)
+            image = render.overlay_contours(gray, small, self._palette)
+            legend = self._legend(small)
+        render.draw_orientation(image, position.plane)
+        pixel = max(raw.shape[0] * mm[0], raw.shape[1] * mm[1]) / max(size)
+        return RenderedSlice(image, position, window, round(pixel, 2), legend)
+
+    def render_pair(
+        self,
+        patient_id: str,
+        visits: tuple[str, str],
+        channel: str,
+        positions: dict[str, SlicePosition],
+        titles: tuple[str, str],
+    ) -> RenderedSlice:
+        """Two visits side by side, same window, each half sized so the panel fits the image budget."""
+        first = positions[visits[0]]
+        volume = self.store.image(patient_id, visits[0], channel)
+        shape = render.take_slice(volume.data, first.plane, first.index).shape
+        longest = render.pair_longest(shape, render.pixel_mm(volume.spacing, first.plane), self.max_side)
+        left = self.render(patient_id, visits[0], channel, first, False, longest)
+        right = self.render(patient_id, visits[1], channel, positions[visits[1]], False, longest)
+        right_image = (
+            right.image if right.image.size == left.image.size else right.image.resize(left.image.size)
+        )
+        panel = render.side_by_side(left.image, right_image, *titles)
+        return RenderedSlice(panel, first, left.window, left.pixel_mm, [])
+
+    def _legend(self, labels: np.ndarray) -> list[tuple[str, str]]:
+        counts = np.bincount(labels.ravel(), minlength=256)
+        table = self.store.label_table
+        present = [int(i) for i in np.argsort(counts)[::-1] if i and counts[i]]
+        return [
+            (table.organ(i), colour_name(table.by_index[i].colour if i in table.by_index else "#ffffff"))
+            for i in present
+        ]

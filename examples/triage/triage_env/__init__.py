@@ -1,0 +1,155 @@
+"""Triage from vital signs: a case-env environment in one package, registered by entry point.
+
+A case is one patient's vital signs at arrival; the question is whether the patient needs urgent care. The
+rule that decides it (ours, for this example): any vital sign past a red-flag threshold is urgent.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from case_env.core.answers import final_segment, last_answer
+from case_env.core.bank import BankRow, ExtraInfo, Message, RewardSpec, rows_by_split, tools_kwargs
+from case_env.core.environment import BankBuild, Environment, Score, SynthOptions
+from case_env.core.frozen import FrozenDraw
+from case_env.core.policy import Turn
+from case_env.core.store import CaseTable, TextBankOptions, case_paths, load_text_cases
+from case_env.core.tools import schema_version
+
+FLAGS = {"heart_rate": (40, 130), "resp_rate": (8, 24), "spo2": (92, 101), "systolic": (90, 250)}
+
+
+@dataclass(frozen=True)
+class Patient:
+    case_id: str
+    heart_rate: int
+    resp_rate: int
+    spo2: int
+    systolic: int
+
+    @property
+    def level(self) -> str:
+        return (
+            "urgent" if any(not lo <= getattr(self, k) < hi for k, (lo, hi) in FLAGS.items()) else "routine"
+        )
+
+
+@dataclass
+class Loaded:
+    cases: list[Patient]
+    problems: list[str]
+
+
+def load(paths: list[Path]) -> Loaded:
+    rows = [
+        json.loads(line)
+        for p in paths
+        for f in sorted(p.glob("*.jsonl"))
+        for line in f.read_text().splitlines()
+    ]
+    return Loaded([Patient(**row) for row in rows], [])
+
+
+def synthetic(index: int, seed: int) -> Patient:
+    d = FrozenDraw(seed, f"triage/{index}")
+    vitals = {
+        "heart_rate": d.integer("hr", 55, 110),
+        "resp_rate": d.integer("rr", 12, 20),
+        "spo2": d.integer("spo2", 94, 100),
+        "systolic": d.integer("sbp", 100, 150),
+    }
+    if index % 2:  # every other patient has one red flag
+        flag = d.choice("flag", sorted(FLAGS))
+        vitals[flag] = {"heart_rate": 145, "resp_rate": 30, "spo2": 85, "systolic": 75}[flag]
+    return Patient(f"triage-{index:04d}", **vitals)
+
+
+class Nurse:
+    """The scripted baseline: read the vitals, apply the rule to what they say."""
+
+    def next_turn(self, seen) -> Turn:
+        if not seen:
+            return Turn(call=("read_vitals", {}))
+        numbers = [int(w.rstrip("/min,%")) for w in seen[-1].text.split() if w.rstrip("/min,%").isdigit()]
+        patient = Patient("", *numbers)
+        return Turn(f"<answer>{patient.level}</answer>")
+
+
+class TriageEnvironment(Environment):
+    name = "triage"
+    title = "triage"
+    summary = "Example: decide urgent or routine from vital signs (one tool, one persona)."
+    tools_package = "triage_env.tools"
+    personas_package = "triage_env.personas"
+    bank_options = TextBankOptions
+    agents = ("nurse",)
+    loop_agent = "nurse"
+    case_files = True
+
+    def open_store(self, data) -> CaseTable:
+        import os
+
+        loaded = load(case_paths(os.environ.get("CASE_ENV_TRIAGE_CASES"), data.data_root, self.name))
+        return CaseTable(loaded.cases)
+
+    def synthesize(self, options: SynthOptions, echo: Callable[[str], object]) -> None:
+        path = options.out / self.name / "cases.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(
+            "".join(json.dumps(asdict(synthetic(i, options.seed))) + "\n" for i in range(options.patients))
+        )
+        echo(f"wrote {options.patients} triage cases to {path}")
+
+    def build_bank(self, options: TextBankOptions) -> BankBuild:
+        paths, loaded = load_text_cases(self, load, options)
+        persona = self.personas["nurse"]
+
+        def row(case: Patient, index: int, split: str) -> BankRow:
+            extra = ExtraInfo(
+                env=self.name,
+                index=index,
+                split=split,
+                patient_id=case.case_id,
+                question_idx=index,
+                question="Urgent or routine?",
+                ground_truth=case.level,
+                tools_kwargs=tools_kwargs(case.case_id, self.tools),
+                tool_selection=list(persona.tools),
+                teacher_insight="",
+                evidence=[{"tool": "read_vitals", "arguments": {}}],
+                tool_schema_version=schema_version(self.tools),
+            )
+            prompt = [
+                Message(role="system", content=persona.system_prompt),
+                Message(role="user", content="A patient has arrived. Urgent or routine?"),
+            ]
+            return BankRow(
+                data_source=persona.data_source,
+                prompt=prompt,
+                ability="triage",
+                reward_model=RewardSpec(ground_truth=case.level),
+                extra_info=extra,
+            )
+
+        result = rows_by_split(loaded.cases, options.split, options.seed, row)
+        return BankBuild(result, {"cases": [str(p) for p in paths]}, [f"{len(loaded.cases)} cases"])
+
+    def score(self, solution_str: str, ground_truth: str, extra_info: dict | None) -> Score:
+        answer = (last_answer(final_segment(solution_str)) or "").strip().lower()
+        right = float(answer == ground_truth)
+        return Score(right, right, answer, answer in ("urgent", "routine"))
+
+    def policy_factory(self, agent, bank, seed):
+        return lambda item, variant, repeat: Nurse()
+
+    def summarise(self, records: list[dict]) -> dict:
+        n = len(records)
+        return {
+            "overall": {"n": n, "accuracy": round(sum(r["reward"] for r in records) / n, 4) if n else 0.0}
+        }
+
+    def summary_lines(self, results: dict) -> list[str]:
+        return [f"overall {results['overall']['n']} accuracy {results['overall']['accuracy']:.3f}"]

@@ -1,0 +1,1 @@
+"""The triage environment's one tool."""

@@ -1,0 +1,1 @@
+"""The case-reasoning environment's tool: submit one diagnosis attempt."""

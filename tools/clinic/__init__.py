@@ -1,0 +1,1 @@
+"""The clinic environment's tools: ask the simulated patient, order an examination."""

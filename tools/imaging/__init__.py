@@ -1,0 +1,1 @@
+"""The imaging environment's tools: visits, organ volumetry, slices and comparisons, reports, context."""
