@@ -168,3 +168,26 @@ def test_eval_traj_and_replay_name_bad_input(tmp_path):
     assert result.returncode == 2 and "no 'messages' list" in result.stderr
     result = run("serve", "--replay", str(tmp_path / "nowhere"))
     assert result.returncode == 2 and "replay source" in result.stderr
+
+
+def test_serve_names_a_bad_cases_option(tmp_path):
+    result = run("serve", "--data-root", str(tmp_path), "--cases", "mars=x.csv")
+    assert result.returncode == 2 and "unknown environment 'mars'" in result.stderr
+    result = run("serve", "--data-root", str(tmp_path), "--cases", "imaging=x.csv")
+    assert result.returncode == 2 and "reads its cases from the data root" in result.stderr
+    result = run("serve", "--data-root", str(tmp_path), "--cases", "clinic")
+    assert result.returncode == 2 and "--cases takes ENV=PATH" in result.stderr
+
+
+def test_options_of_another_environment_are_refused_by_name(tmp_path):
+    result = run(
+        "bank", "build", "--out", str(tmp_path / "b"), "--data-root", str(tmp_path), "--patient-noise", "0.3"
+    )
+    assert (
+        result.returncode == 2
+        and "--patient-noise (clinic) not taken by the imaging environment" in result.stderr
+    )
+    result = run("bank", "build", "--env", "casereason", "--out", str(tmp_path / "b"), "--mode", "sideways")
+    assert result.returncode == 2 and "unknown mode 'sideways'" in result.stderr
+    result = run("bank", "build", "--env", "clinic", "--out", str(tmp_path / "b"), "--split", "0.5,0.5")
+    assert result.returncode == 2 and "--split" in result.stderr and "Traceback" not in result.stderr

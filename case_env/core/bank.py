@@ -72,6 +72,33 @@ class ExtraInfo(BaseModel):
     need_tools_kwargs: bool = True
     tool_schema_version: str | None = None
 
+    @classmethod
+    def for_case(
+        cls,
+        persona: Any,
+        case_id: str,
+        index: int,
+        split: str,
+        tools: Iterable[str],
+        version: str,
+        create: dict | None = None,
+        tool_selection: list[str] | None = None,
+        **fields: Any,
+    ) -> Any:
+        """The fields every row of a case fills the same way: its environment, index and split, the case as
+        every tool's `create_kwargs` (with what the row adds), the persona's tools, the schema version."""
+        return cls(
+            env=persona.env,
+            index=index,
+            split=split,
+            patient_id=case_id,
+            question_idx=index,
+            tools_kwargs=tools_kwargs(case_id, tools, **(create or {})),
+            tool_selection=list(persona.tools) if tool_selection is None else tool_selection,
+            tool_schema_version=version,
+            **fields,
+        )
+
 
 REQUIRED_EXTRA = tuple(name for name, f in ExtraInfo.model_fields.items() if f.is_required())
 
@@ -85,6 +112,27 @@ class BankRow(BaseModel):
     reward_model: RewardSpec
     extra_info: ExtraInfo
     agent_name: str = "tool_agent"
+
+    @classmethod
+    def chat(
+        cls,
+        data_source: str,
+        system: str,
+        user: str,
+        ability: str,
+        extra: ExtraInfo,
+        agent_name: str = "tool_agent",
+    ) -> BankRow:
+        """A row whose prompt is one system and one user message, keyed by the extra's ground truth."""
+        prompt = [Message(role="system", content=system), Message(role="user", content=user)]
+        return cls(
+            data_source=data_source,
+            prompt=prompt,
+            ability=ability,
+            extra_info=extra,
+            agent_name=agent_name,
+            reward_model=RewardSpec(ground_truth=extra.ground_truth),
+        )
 
     def row(self) -> dict:
         """The parquet row: `extra_info` as a JSON string, every other column as its struct."""

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from case_env.core.environment import Environment, TextBankOptions
+from case_env.core.environment import DataCheck, Environment, TextBankOptions
 from case_env.core.errors import CommandError
 from case_env.core.problems import Problems
+from case_env.core.tools import ToolContext
 
 
 def case_paths(setting: str | None, data_root: Path | None, folder: str) -> list[Path]:
@@ -42,6 +44,28 @@ class CaseTable:
 
     def memory_bytes(self) -> int:
         return 0
+
+
+@dataclass
+class CaseContext(ToolContext):
+    """A tool's view of a case held in a `CaseTable`."""
+
+    def case(self) -> Any:
+        return self.store.cases[self.patient_id]
+
+
+def check_case_files(
+    env: Environment, load: Callable, root: Path, describe: Callable[[list], tuple[dict, str]]
+) -> DataCheck | None:
+    """`data check` of an environment's case files under `<root>/<env>/`: the counts `describe` gives, and
+    every row that could not be read as a warning (None when the root has no such folder)."""
+    if not (root / env.name).is_dir():
+        return None
+    loaded = load([root / env.name])
+    facts, words = describe(loaded.cases)
+    summary = {"cases": len(loaded.cases), **facts, "problems": loaded.problems}
+    line = f"{env.title} cases: {len(loaded.cases)}{words}"
+    return DataCheck({env.name: summary}, [line], warnings=[f"{env.name}: {p}" for p in loaded.problems])
 
 
 def load_text_cases(env: Environment, load: Callable, options: TextBankOptions) -> tuple[list[Path], Any]:

@@ -15,10 +15,7 @@ from case_env.core.bank import (
     BankResult,
     BankRow,
     ExtraInfo,
-    Message,
-    RewardSpec,
     rows_by_split,
-    tools_kwargs,
 )
 from case_env.core.personas import PersonaSpec
 from case_env.core.tools import schema_version
@@ -64,16 +61,17 @@ def to_row(
     version: str,
 ) -> BankRow:
     k = attempts if mode == "sequential" else 1
-    extra = ReasoningExtra(
-        env=persona.env,
-        index=index,
-        split=split,
-        patient_id=case.case_id,
-        question_idx=index,
+    extra = ReasoningExtra.for_case(
+        persona,
+        case.case_id,
+        index,
+        split,
+        tools,
+        version,
+        create={"attempts": k},
+        tool_selection=list(persona.tools) if mode == "sequential" else [],
         question="What is the most likely diagnosis?",
         ground_truth=case.diagnosis,
-        tools_kwargs=tools_kwargs(case.case_id, tools, attempts=k),
-        tool_selection=list(persona.tools) if mode == "sequential" else [],
         teacher_insight="\n".join(f"{i}. {s}" for i, s in enumerate(case.statements, 1))
         + f"\nFinal diagnosis: {case.diagnosis}",
         evidence=[],
@@ -86,18 +84,10 @@ def to_row(
             "title": case.title,
         },
         need_tools_kwargs=mode == "sequential",
-        tool_schema_version=version,
     )
-    return BankRow(
-        data_source=DATA_SOURCE,
-        prompt=[
-            Message(role="system", content=persona.system_prompt),
-            Message(role="user", content=user_message(case, mode, k)),
-        ],
-        ability=ABILITY,
-        reward_model=RewardSpec(ground_truth=case.diagnosis),
-        extra_info=extra,
-        agent_name="tool_agent" if mode == "sequential" else "single_turn_agent",
+    agent = "tool_agent" if mode == "sequential" else "single_turn_agent"
+    return BankRow.chat(
+        DATA_SOURCE, persona.system_prompt, user_message(case, mode, k), ABILITY, extra, agent
     )
 
 

@@ -8,8 +8,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from case_env.core.tools import ToolContext
-from case_env.envs.casereason.cases import ReasoningCase
+from case_env.core.store import CaseContext
 
 MAX_ATTEMPTS = 64
 
@@ -26,8 +25,5 @@ class ReasoningEpisode(BaseModel):
 
 
 @dataclass
-class ReasoningContext(ToolContext):
+class ReasoningContext(CaseContext):
     episode: ReasoningEpisode
-
-    def case(self) -> ReasoningCase:
-        return self.store.cases[self.patient_id]

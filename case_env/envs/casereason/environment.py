@@ -19,10 +19,11 @@ from case_env.core.environment import (
     PolicyFactory,
     Score,
     SynthOptions,
+    TextBankOptions,
     Variant,
 )
 from case_env.core.problems import Problems
-from case_env.core.store import TextBankOptions, load_text_cases
+from case_env.core.store import check_case_files, load_text_cases
 from case_env.envs.casereason import evaluation
 from case_env.envs.casereason.context import ReasoningContext, ReasoningEpisode
 
@@ -102,18 +103,11 @@ class CaseReasonEnvironment(Environment):
     def check_data(self, root: Path) -> DataCheck | None:
         from case_env.envs.casereason.cases import load_cases
 
-        if not (root / self.name).is_dir():
-            return None
-        loaded = load_cases([root / self.name])
-        summary = {
-            "cases": len(loaded.cases),
-            "diagnoses": len({c.diagnosis for c in loaded.cases}),
-            "problems": loaded.problems,
-        }
-        line = f"case-reasoning cases: {summary['cases']}, {summary['diagnoses']} diagnoses"
-        return DataCheck(
-            {"casereason": summary}, [line], warnings=[f"casereason: {p}" for p in loaded.problems]
-        )
+        def describe(cases: list) -> tuple[dict, str]:
+            diagnoses = len({c.diagnosis for c in cases})
+            return {"diagnoses": diagnoses}, f", {diagnoses} diagnoses"
+
+        return check_case_files(self, load_cases, root, describe)
 
     def synthesize(self, options: SynthOptions, echo: Callable[[str], object]) -> None:
         from case_env.envs.casereason.synth import write_cases

@@ -16,10 +16,7 @@ from case_env.core.bank import (
     BankResult,
     BankRow,
     ExtraInfo,
-    Message,
-    RewardSpec,
     rows_by_split,
-    tools_kwargs,
 )
 from case_env.core.personas import PersonaSpec
 from case_env.core.tools import schema_version
@@ -61,33 +58,23 @@ def to_row(
 ) -> BankRow:
     plan = plan_noise(case, noise)
     workup = [e.call.key() for e in case.exams]
-    extra = ClinicExtra(
-        env=persona.env,
-        index=index,
-        split=split,
-        patient_id=case.case_id,
-        question_idx=index,
+    extra = ClinicExtra.for_case(
+        persona,
+        case.case_id,
+        index,
+        split,
+        tools,
+        version,
+        create={"noise": noise.model_dump()},
         question="What is the diagnosis?",
         ground_truth=case.diagnosis,
-        tools_kwargs=tools_kwargs(case.case_id, tools, noise=noise.model_dump()),
-        tool_selection=list(persona.tools),
         teacher_insight=f"The diagnosis is {case.diagnosis}. The recorded work-up: "
         + "; ".join(f"{e.call.describe()}: {e.findings}" for e in case.exams),
         evidence=workup,
         clinic={"source": case.source, "exams": workup, "reward": weights.model_dump()},
         noise=plan.metadata(case),
-        tool_schema_version=version,
     )
-    return BankRow(
-        data_source=case.data_source,
-        prompt=[
-            Message(role="system", content=system_prompt(persona)),
-            Message(role="user", content=user_message(case)),
-        ],
-        ability=ABILITY,
-        reward_model=RewardSpec(ground_truth=case.diagnosis),
-        extra_info=extra,
-    )
+    return BankRow.chat(case.data_source, system_prompt(persona), user_message(case), ABILITY, extra)
 
 
 def build(

@@ -14,8 +14,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from case_env.core.tools import ToolContext
-from case_env.envs.clinic.cases import ClinicCase
+from case_env.core.store import CaseContext
 from case_env.envs.clinic.noise import NoiseConfig
 
 MAX_EXCHANGES = 64
@@ -43,8 +42,5 @@ class ClinicEpisode(BaseModel):
 
 
 @dataclass
-class ClinicContext(ToolContext):
+class ClinicContext(CaseContext):
     episode: ClinicEpisode
-
-    def case(self) -> ClinicCase:
-        return self.store.cases[self.patient_id]

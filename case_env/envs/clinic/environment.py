@@ -22,9 +22,10 @@ from case_env.core.environment import (
     ReportParts,
     Score,
     SynthOptions,
+    TextBankOptions,
 )
 from case_env.core.problems import Problems
-from case_env.core.store import TextBankOptions, load_text_cases
+from case_env.core.store import check_case_files, load_text_cases
 from case_env.envs.clinic import evaluation
 from case_env.envs.clinic.context import ClinicContext, ClinicEpisode
 
@@ -115,18 +116,13 @@ class ClinicEnvironment(Environment):
     def check_data(self, root: Path) -> DataCheck | None:
         from case_env.envs.clinic.cases import load_cases
 
-        if not (root / self.name).is_dir():
-            return None
-        loaded = load_cases([root / self.name])
-        summary = {
-            "cases": len(loaded.cases),
-            "conditions": len({c.diagnosis for c in loaded.cases}),
-            "by_data_source": dict(sorted(Counter(c.data_source for c in loaded.cases).items())),
-            "problems": loaded.problems,
-        }
-        sources = ", ".join(f"{k} {v}" for k, v in summary["by_data_source"].items())
-        line = f"clinic cases: {summary['cases']} ({sources}), {summary['conditions']} diagnoses"
-        return DataCheck({"clinic": summary}, [line], warnings=[f"clinic: {p}" for p in loaded.problems])
+        def describe(cases: list) -> tuple[dict, str]:
+            sources = dict(sorted(Counter(c.data_source for c in cases).items()))
+            conditions = len({c.diagnosis for c in cases})
+            words = f" ({', '.join(f'{k} {v}' for k, v in sources.items())}), {conditions} diagnoses"
+            return {"conditions": conditions, "by_data_source": sources}, words
+
+        return check_case_files(self, load_cases, root, describe)
 
     def synthesize(self, options: SynthOptions, echo: Callable[[str], object]) -> None:
         from case_env.envs.clinic.synth import make_cases, write_csv, write_jsonl

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from case_env.core.answers import final_segment, last_answer
-from case_env.core.bank import BankRow, ExtraInfo, Message, RewardSpec, rows_by_split, tools_kwargs
+from case_env.core.bank import BankRow, ExtraInfo, rows_by_split
 from case_env.core.environment import BankBuild, Environment, Score, SynthOptions
 from case_env.core.frozen import FrozenDraw
 from case_env.core.policy import Turn
@@ -108,31 +108,20 @@ class TriageEnvironment(Environment):
         persona = self.personas["nurse"]
 
         def row(case: Patient, index: int, split: str) -> BankRow:
-            extra = ExtraInfo(
-                env=self.name,
-                index=index,
-                split=split,
-                patient_id=case.case_id,
-                question_idx=index,
+            extra = ExtraInfo.for_case(
+                persona,
+                case.case_id,
+                index,
+                split,
+                self.tools,
+                schema_version(self.tools),
                 question="Urgent or routine?",
                 ground_truth=case.level,
-                tools_kwargs=tools_kwargs(case.case_id, self.tools),
-                tool_selection=list(persona.tools),
                 teacher_insight="",
                 evidence=[{"tool": "read_vitals", "arguments": {}}],
-                tool_schema_version=schema_version(self.tools),
             )
-            prompt = [
-                Message(role="system", content=persona.system_prompt),
-                Message(role="user", content="A patient has arrived. Urgent or routine?"),
-            ]
-            return BankRow(
-                data_source=persona.data_source,
-                prompt=prompt,
-                ability="triage",
-                reward_model=RewardSpec(ground_truth=case.level),
-                extra_info=extra,
-            )
+            user = "A patient has arrived. Urgent or routine?"
+            return BankRow.chat(persona.data_source, persona.system_prompt, user, "triage", extra)
 
         result = rows_by_split(loaded.cases, options.split, options.seed, row)
         return BankBuild(result, {"cases": [str(p) for p in paths]}, [f"{len(loaded.cases)} cases"])

@@ -3,7 +3,7 @@ the options keyed by letter, the template and (for reports only) the scenario.""
 
 from __future__ import annotations
 
-from case_env.core.bank import BankRow, ExtraInfo, Message, RewardSpec, tools_kwargs
+from case_env.core.bank import BankRow, ExtraInfo
 from case_env.core.personas import PersonaSpec
 from case_env.envs.imaging.bank.drafts import Question
 
@@ -36,30 +36,20 @@ def to_row(
     scenario: str,
 ) -> BankRow:
     draft = question.draft
-    extra = ImagingExtra(
-        env=persona.env,
-        index=index,
-        split=split,
-        patient_id=draft.patient_id,
-        question_idx=index,
+    extra = ImagingExtra.for_case(
+        persona,
+        draft.patient_id,
+        index,
+        split,
+        tools,
+        version,
         question=draft.stem,
         options=question.options,
         ground_truth=question.answer,
-        tools_kwargs=tools_kwargs(draft.patient_id, tools),
-        tool_selection=list(persona.tools),
         teacher_insight=draft.insight,
         evidence=draft.evidence,
         template=draft.template,
         scenario=scenario,
-        tool_schema_version=version,
     )
-    return BankRow(
-        data_source=persona.data_source,
-        prompt=[
-            Message(role="system", content=persona.system_prompt),
-            Message(role="user", content=user_message(draft.stem, question.options)),
-        ],
-        ability=ABILITY,
-        reward_model=RewardSpec(ground_truth=question.answer),
-        extra_info=extra,
-    )
+    user = user_message(draft.stem, question.options)
+    return BankRow.chat(persona.data_source, persona.system_prompt, user, ABILITY, extra)
