@@ -196,3 +196,37 @@ def test_validate_accepts_struct_extra_info(bank, tmp_path):
     path = tmp_path / "struct.parquet"
     pq.write_table(pa.Table.from_pylist(rows_), path)
     assert validate(path).ok
+
+
+def test_a_question_without_distractors_is_skipped_and_counted(dataset, monkeypatch, tmp_path):
+    import functools
+
+    from case_env.core.bank import write
+    from case_env.envs.imaging.bank import build as builder
+    from case_env.envs.imaging.bank.drafts import DistractorError
+
+    first = builder.TEMPLATES[0]
+
+    @functools.wraps(first)
+    def crowded(f, d, ctx):
+        if f.patient_id == "case0001":
+            raise DistractorError("could not find separated distractors for 1235.3")
+        return first(f, d, ctx)
+
+    monkeypatch.setattr(builder, "TEMPLATES", (crowded, *builder.TEMPLATES[1:]))
+    result = builder.build(PatientStore(dataset), 4, (0.8, 0.1, 0.1))
+    assert result.skipped == [f"case0001 {first.__name__}: could not find separated distractors for 1235.3"]
+    questions = [json.loads(r["extra_info"]) for rows in result.rows.values() for r in rows]
+    assert questions and not any(
+        q["patient_id"] == "case0001" and q["template"] == first.__name__ for q in questions
+    )
+    write(result, tmp_path, {})
+    assert json.loads((tmp_path / "bank.json").read_text())["skipped"] == result.skipped
+
+
+def test_a_problem_list_cut_short_says_how_many_more():
+    from case_env.core.problems import Problems
+
+    problems = Problems(f"row {i}: bad" for i in range(25))
+    assert problems.shown(20, "bank.json")[-1] == "... and 5 more (all 25 in bank.json)"
+    assert len(problems.shown(20)) == 21 and Problems(["one"]).shown() == ["one"]
