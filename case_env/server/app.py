@@ -79,8 +79,9 @@ def raise_open_file_limit(wanted: int = 65536) -> int:
     return soft
 
 
-def _hosted(environments: Iterable[Environment] | None) -> dict[str, Environment]:
-    """The environments this app serves (every registered one by default); tool names must not clash."""
+def _hosted(environments: Iterable[Environment] | None) -> tuple[dict[str, Environment], dict[str, str]]:
+    """The environments this app serves (every registered one by default), and each tool's environment;
+    tool names must not clash."""
     hosted = (
         {env.name: env for env in environments} if environments is not None else dict(registry.environments())
     )
@@ -89,7 +90,7 @@ def _hosted(environments: Iterable[Environment] | None) -> dict[str, Environment
         for tool in env.tools:
             if owners.setdefault(tool, env.name) != env.name:
                 raise ValueError(f"tool {tool!r} is served by both {owners[tool]} and {env.name}")
-    return hosted
+    return hosted, owners
 
 
 def create_app(
@@ -101,13 +102,12 @@ def create_app(
     environment with another data engine, tests one with more tools); everything else comes from the settings."""
     settings = settings or ServerSettings()
     data = data or DataSettings()
-    hosted = _hosted(environments)
+    hosted, tool_env = _hosted(environments)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         raise_open_file_limit()
         specs = {name: spec for env in hosted.values() for name, spec in env.tools.items()}
-        tool_env = {name: env.name for env in hosted.values() for name in env.tools}
         replay = ReplayBook.load(settings.replay_dir, specs) if settings.replay_dir else None
         stores = {}
         if replay is not None:

@@ -266,35 +266,20 @@ def run_server_bench(
         scratch = Path(tmp)
         patients_file = scratch / "patients.txt"
         patients_file.write_text("".join(f"{p}\n" for p in index.patient_ids()))
-        runs = {
-            "case-env": run_engine(
-                "case-env",
-                data_root,
-                patients_file,
-                scratch,
-                rollouts,
-                duration,
-                warmup,
-                workers,
-                cache_mb,
-                think_ms,
-                group_size,
-            )
-        }
-        if baseline == "naive":
-            runs["naive"] = run_engine(
-                "naive",
-                data_root,
-                patients_file,
-                scratch,
-                rollouts,
-                duration,
-                warmup,
-                workers,
-                cache_mb,
-                think_ms,
-                group_size,
-            )
+        engines = ["case-env", *([baseline] if baseline else [])]
+        args = (
+            data_root,
+            patients_file,
+            scratch,
+            rollouts,
+            duration,
+            warmup,
+            workers,
+            cache_mb,
+            think_ms,
+            group_size,
+        )
+        runs = {engine: run_engine(engine, *args) for engine in engines}
     fast, naive = runs["case-env"], runs.get("naive")
     result = {
         "benchmark": "server",
