@@ -48,9 +48,11 @@ def lesion_labels(root: Path, sub: str, ses: str) -> np.ndarray:
 
 def subjects_by_scenario(root: Path) -> dict[str, str]:
     out = {}
-    for line in (root / "participants.tsv").read_text().splitlines()[1:]:
-        sub, _case, _sex, _age, scenario = line.split("\t")
-        out[scenario] = sub
+    lines = (root / "participants.tsv").read_text().splitlines()
+    header = lines[0].split("\t")
+    for line in lines[1:]:
+        row = dict(zip(header, line.split("\t"), strict=True))
+        out[row["scenario"]] = row["participant_id"]
     return out
 
 

@@ -151,6 +151,7 @@ class BankResult:
     rows: dict[str, list[dict]]
     patients: dict[str, list[str]]
     skipped: Problems = field(default_factory=Problems)  # questions or cases left out, with the reason
+    skipped_by_template: dict[str, dict[str, int]] = field(default_factory=dict)  # template -> reason -> n
 
     def counts(self) -> dict[str, Counter]:
         return {split: Counter(r["data_source"] for r in rows) for split, rows in self.rows.items()}
@@ -208,6 +209,8 @@ def write(result: BankResult, out: Path, meta: dict) -> None:
         "patients": {s: len(p) for s, p in result.patients.items()},
         "skipped": result.skipped.to_json(),
     }
+    if result.skipped_by_template:
+        summary["skipped_by_template"] = result.skipped_by_template
     (out / "bank.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
 
 

@@ -10,7 +10,91 @@ import typer
 
 
 def register(groups: dict[str, typer.Typer]) -> None:
-    bench = groups["bench"]
+    _register_bench(groups["bench"])
+    _register_real_data(groups["root"])
+
+
+def _register_real_data(root: typer.Typer) -> None:
+    ingest = typer.Typer(help="Convert downloads into a data root.", no_args_is_help=True)
+    root.add_typer(ingest, name="ingest")
+
+    @ingest.command("ukb")
+    def ingest_ukb(
+        zips: Path = typer.Option(
+            ..., "--zips", help="Directory of <eid>_20201_<instance>_0.zip files (read only)."
+        ),
+        out: Path = typer.Option(..., "--out", help="Data root to write (finished visits are skipped)."),
+        jobs: int = typer.Option(0, "--jobs", min=0, help="Visits in parallel (0: one per CPU)."),
+        slice_mm: float | None = typer.Option(
+            None,
+            "--slice-mm",
+            min=0.1,
+            help="Slice spacing of the stitched volume (default: the finest station's).",
+        ),
+        progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
+    ) -> None:
+        """UK Biobank field-20201 DICOM zips (6 stations x 4 Dixon channels per visit) into stitched NIfTI."""
+        from tqdm import tqdm
+
+        from case_env.envs.imaging.ukb.dicom import ZipError
+        from case_env.envs.imaging.ukb.ingest import ingest as run
+
+        bar = tqdm(total=0, unit="visit", disable=not progress, desc="ingest")
+
+        def step(result, done: int, total: int) -> None:
+            bar.total = total
+            bar.update(1)
+            if result.status == "failed":
+                bar.write(f"problem: {result.problem}")
+
+        try:
+            summary = run(zips, out, jobs, slice_mm, step)
+        except ZipError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from exc
+        finally:
+            bar.close()
+        for problem in summary.problems:
+            if not any(r.problem == problem for r in summary.results):
+                typer.echo(f"problem: {problem}", err=True)
+        written = [r.seconds for r in summary.results if r.status == "written"]
+        mean = f", {sum(written) / len(written):.1f} s per visit" if written else ""
+        typer.echo(
+            f"{out}: {summary.count('written')} visits written{mean}, {summary.count('skipped')} already "
+            f"finished, {summary.count('failed')} failed"
+        )
+        if summary.problems:
+            raise typer.Exit(1)
+
+    @root.command("segment")
+    def segment(
+        root_dir: Path = typer.Argument(..., help="Data root whose visits need organ label maps."),
+        copy_from: Path | None = typer.Option(
+            None,
+            "--copy-derivatives-from",
+            help="Take label maps, lesion maps and reports from another root (matched by eid and session; "
+            "grids must agree) instead of running a segmentation engine.",
+        ),
+        device: str = typer.Option("cpu", "--device", help="TotalSegmentator device: cpu, gpu or mps."),
+        force: bool = typer.Option(False, "--force", help="Replace existing label maps."),
+    ) -> None:
+        """Organ label maps (VISTA3D ids) for visits without one: TotalSegmentator's total_mr task, then
+        volumetry."""
+        from case_env.envs.imaging.ukb.segment import SegmentError, copy_derivatives, segment_root
+
+        try:
+            if copy_from is not None:
+                lines = copy_derivatives(copy_from, root_dir, force)
+            else:
+                lines = segment_root(root_dir, device=device, force=force)
+        except SegmentError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from exc
+        for line in lines:
+            typer.echo(line)
+
+
+def _register_bench(bench: typer.Typer) -> None:
 
     @bench.command("data")
     def bench_data(

@@ -43,6 +43,26 @@ class ImagingSynthOptions(SynthOptions):
     )
     force: bool = Field(False, description="Replace an existing synthetic dataset with other settings.")
     jobs: int = Field(0, ge=0, description="Worker processes (0: one per CPU).")
+    format: Literal["nifti", "ukb-dicom"] = Field(
+        "nifti",
+        description="nifti: a data root; ukb-dicom: UK Biobank field-20201 zips (<eid>_20201_<instance>_0.zip) "
+        "of every visit, for `case-env ingest ukb`.",
+    )
+    source: Path | None = Field(
+        None,
+        description="ukb-dicom: the synthetic data root to convert (default: generated in a temporary directory).",
+    )
+
+
+class ImagingBankOptions(BankOptions):
+    truth: Literal["measured", "manifest"] = Field(
+        "measured",
+        description="measured: answers from the measurements the tools serve (real data); manifest: from "
+        "the synthetic phantom manifests, to check the measured truth against.",
+    )
+    clinical: Path | None = Field(
+        None, description="Diagnoses table (default: <data-root>/phenotype/diagnoses.tsv when present)."
+    )
 
 
 class ImagingEnvironment(Environment):
@@ -54,6 +74,7 @@ class ImagingEnvironment(Environment):
     tools_package = "case_env.tools.imaging"
     personas_package = "case_env.personas.imaging"
     synth_options = ImagingSynthOptions
+    bank_options = ImagingBankOptions
     required_extra = ("options",)
     agents = ("scripted", "vision", "no-tool", "random")
     loop_agent = "vision"
@@ -80,7 +101,9 @@ class ImagingEnvironment(Environment):
 
     # -- banks and rewards ------------------------------------------------------------------------------
     def build_bank(self, options: BankOptions) -> BankBuild:
+        from case_env.core.problems import Problems
         from case_env.envs.imaging.bank.build import build
+        from case_env.envs.imaging.clinical import load_clinical
         from case_env.envs.imaging.data.store import PatientStore
 
         if options.data_root is None:
@@ -91,7 +114,13 @@ class ImagingEnvironment(Environment):
             raise CommandError(
                 f"{options.data_root} is not a usable data root ({problems}; see `case-env data check`)"
             )
-        result = build(store, options.seed, options.split)
+        assert isinstance(options, ImagingBankOptions)
+        if options.clinical is not None and not options.clinical.is_file():
+            raise CommandError(f"--clinical {options.clinical}: no such file", 2)
+        clinical = load_clinical(store, options.clinical)
+        problems = Problems(clinical.problems if clinical else [])
+        diagnoses = clinical.diagnoses if clinical else None
+        result = build(store, options.seed, options.split, options.truth, diagnoses)
         sources = CASE_SOURCES
         table = [
             f"{'split':6s} {'patients':>8s} " + " ".join(f"{s:>17s}" for s in sources) + f" {'total':>6s}"
@@ -99,8 +128,14 @@ class ImagingEnvironment(Environment):
         for name, counts in result.counts().items():
             cells = " ".join(f"{counts.get(s, 0):17d}" for s in sources)
             table.append(f"{name:6s} {len(result.patients[name]):8d} {cells} {sum(counts.values()):6d}")
-        meta = {"seed": options.seed, "split": options.split, "data_root": str(store.root)}
-        return BankBuild(result, meta, table)
+        meta = {
+            "seed": options.seed,
+            "split": options.split,
+            "data_root": str(store.root),
+            "truth": options.truth,
+            "clinical": clinical.source if clinical else None,
+        }
+        return BankBuild(result, meta, table, problems)
 
     def score(self, solution_str: str, ground_truth: str, extra_info: dict | None) -> Score:
         from case_env.envs.imaging.reward import letter_score
@@ -128,7 +163,9 @@ class ImagingEnvironment(Environment):
 
     # -- data -----------------------------------------------------------------------------------------
     def check_data(self, root: Path) -> DataCheck:
+        from case_env.envs.imaging.clinical import load_clinical
         from case_env.envs.imaging.data.check import check_root
+        from case_env.envs.imaging.data.store import PatientStore
 
         report = check_root(root)
         summary = report.to_json()
@@ -146,17 +183,54 @@ class ImagingEnvironment(Environment):
                 lines.append(
                     f"{patient.patient_id:10s} {v.visit:10s} {v.acq_date or '-':10s} {cells}  {len(v.organs)}"
                 )
+        warnings = [str(p) for p in report.warnings]
+        clinical = None if report.errors else load_clinical(PatientStore(root))
+        if clinical is not None:
+            patients = sum(1 for v in clinical.diagnoses.values() if v)
+            records = sum(len(v) for v in clinical.diagnoses.values())
+            lines.append(f"clinical table {clinical.source}: {records} diagnoses of {patients} patients")
+            warnings += [f"{p} (row not used)" for p in clinical.problems]
         return DataCheck(
-            {"root": summary["root"], "patients": summary["patients"]},
+            {
+                "root": summary["root"],
+                "patients": summary["patients"],
+                "clinical": clinical.source if clinical else None,
+            },
             lines,
             [str(p) for p in report.errors],
-            [str(p) for p in report.warnings],
+            warnings,
         )
 
     def synthesize(self, options: SynthOptions, echo: Callable[[str], object]) -> None:
+        assert isinstance(options, ImagingSynthOptions)
+        if options.format == "ukb-dicom":
+            self._synthesize_zips(options, echo)
+            return
+        self._synthesize_root(options, echo)
+
+    def _synthesize_zips(self, options: ImagingSynthOptions, echo: Callable[[str], object]) -> None:
+        import tempfile
+
+        from case_env.envs.imaging.ukb.dicom import ZipError
+        from case_env.envs.imaging.ukb.synthetic import write_ukb_zips
+
+        start = time.perf_counter()
+        with tempfile.TemporaryDirectory(prefix="case-env-synth-") as tmp:
+            source = options.source
+            if source is None:
+                source = Path(tmp) / "root"
+                self._synthesize_root(options.model_copy(update={"out": source, "format": "nifti"}), echo)
+            try:
+                zips = write_ukb_zips(source, options.out, options.seed, echo)
+            except ZipError as exc:
+                raise CommandError(str(exc)) from None
+        echo(
+            f"wrote {len(zips)} UK Biobank-style zips to {options.out} in {time.perf_counter() - start:.1f} s"
+        )
+
+    def _synthesize_root(self, options: ImagingSynthOptions, echo: Callable[[str], object]) -> None:
         from case_env.envs.imaging.synth.writer import DatasetExistsError, generate_dataset
 
-        assert isinstance(options, ImagingSynthOptions)
         workers = options.jobs or os.cpu_count() or 1
         start = time.perf_counter()
 

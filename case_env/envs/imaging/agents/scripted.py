@@ -97,23 +97,29 @@ class TextAgent(Agent):
         )
 
     def _diagnosis(self, outputs):
-        report = self._report(outputs, "follow_up")
-        impression = report.split("## Impression", 1)[-1].lower()
-        rules = [
-            ("hepatic steatosis", "K76.0"),
-            ("suspicious for metastasis", "C78.7"),
-            ("splenomegaly", "R16.1"),
-            ("pancreatic fatty atrophy", "K86.8"),
-            ("loss of skeletal muscle", "M62.5"),
-        ]
-        code = next((c for key, c in rules if key in impression), None)
-        if code is None and "cyst" in impression and ("new" in impression or "enlarg" in impression):
-            code = "N28.1" if "kidney" in impression else "K76.8"
+        code = _impression_code(self._report(outputs, "follow_up"), at_baseline=False)
         if code is None:
             letter = self.option_where(lambda t: t.startswith("No new diagnosis"))
             return letter and Decision(letter, "The follow-up report shows no significant interval change.")
         letter = self.option_where(lambda t: t.startswith(code))
         return letter and Decision(letter, f"The follow-up impression supports {code}.")
+
+    def _interval_diagnosis(self, outputs):
+        before = _impression_code(self._report(outputs, "baseline"), at_baseline=True)
+        after = _impression_code(self._report(outputs, "follow_up"), at_baseline=False)
+        if after is None or after == before:
+            letter = self.option_where(lambda t: t.startswith("None of these"))
+            return letter and Decision(letter, "The follow-up report shows no finding the baseline lacked.")
+        letter = self.option_where(lambda t: t.startswith(after))
+        return letter and Decision(letter, f"The follow-up impression adds {after}.")
+
+    def _prior_diagnosis(self, outputs):
+        code = _impression_code(self._report(outputs, "baseline"), at_baseline=True)
+        if code is None:
+            letter = self.option_where(lambda t: t.startswith("None of these"))
+            return letter and Decision(letter, "The baseline report shows no such finding.")
+        letter = self.option_where(lambda t: t.startswith(code))
+        return letter and Decision(letter, f"The baseline impression already shows {code}.")
 
     def _claim(self, outputs):
         match = _CLAIM.search(self.extra["question"])
@@ -141,6 +147,29 @@ class TextAgent(Agent):
             )
         letter = self.option_where(lambda t: t.startswith(verdict))
         return letter and Decision(letter, why)
+
+
+_IMPRESSION_RULES = (
+    ("hepatic steatosis", "K76.0"),
+    ("suspicious for metastasis", "C78.7"),
+    ("splenomegaly", "R16.1"),
+    ("pancreatic fatty atrophy", "K86.8"),
+    ("loss of skeletal muscle", "M62.5"),
+)
+
+
+def _impression_code(report: str, at_baseline: bool) -> str | None:
+    """The ICD-10 code a report's impression supports. A cyst counts at follow-up only when it is new or
+    enlarging (a stable one is no interval diagnosis); at baseline any cyst in the impression counts."""
+    impression = report.split("## Impression", 1)[-1].lower()
+    code = next((c for key, c in _IMPRESSION_RULES if key in impression), None)
+    if (
+        code is None
+        and "cyst" in impression
+        and (at_baseline or "new" in impression or "enlarg" in impression)
+    ):
+        code = "N28.1" if "kidney" in impression else "K76.8"
+    return code
 
 
 def _report_claim_holds(claim: str, report: str) -> bool | None:

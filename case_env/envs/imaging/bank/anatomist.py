@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from case_env.core.frozen import FrozenDraw
-from case_env.envs.imaging.bank.drafts import BankContext, Draft, call, numeric_distractors
+from case_env.envs.imaging.bank.drafts import BankContext, Draft, SkipError, call, numeric_distractors
 from case_env.envs.imaging.bank.facts import VISITS, PatientFacts
 from case_env.envs.imaging.terms import Persona
 
+SWAPPED_FAT = 50.0  # a liver signal fat fraction above this is water and fat exchanged, not tissue
 VOLUME_ORGANS = ("liver", "spleen", "pancreas", "left_kidney", "right_kidney", "gallbladder")
 CHANGE_OPTIONS = ("liver", "spleen", "pancreas", "left_iliopsoas")
 WORDS = {
@@ -61,8 +62,12 @@ def organ_volume(f: PatientFacts, d: FrozenDraw, ctx: BankContext) -> list[Draft
 def liver_fat(f: PatientFacts, d: FrozenDraw, ctx: BankContext) -> list[Draft]:
     visit = d.choice("fat-visit", VISITS)
     truth = f.visits[visit].fat.get("liver")
-    if truth is None or (visit == "follow_up" and f.liver_swapped):
-        return []
+    if truth is None:
+        raise SkipError("no liver fat fraction", f"the liver has no interior voxels at {visit}")
+    if truth > SWAPPED_FAT:
+        raise SkipError("water and fat look exchanged", f"liver signal fat fraction {truth} % at {visit}")
+    if visit == "follow_up" and f.liver_swapped:
+        raise SkipError("fat-water swap in the liver (manifest)", f"station {f.swap_station}")
     pool = [v for pid, v in ctx.population["liver_fat"] if pid != f.patient_id]
     picks = numeric_distractors(
         truth, pool, d.child("fat"), lambda a, b: abs(a - b) >= 0.8, fallback_spread=0.6, jitter=0.1
@@ -90,7 +95,9 @@ def most_changed(f: PatientFacts, d: FrozenDraw, ctx: BankContext) -> list[Draft
     ranked = sorted(changes, key=lambda o: abs(changes[o]), reverse=True)
     top, second = ranked[0], ranked[1]
     if abs(changes[top]) < 4.0 or abs(changes[top]) - abs(changes[second]) < 3.0:
-        return []
+        raise SkipError(
+            "too close to call", f"largest changes {changes[top]:+.1f} % and {changes[second]:+.1f} %"
+        )
     detail = ", ".join(f"{words(o)} {changes[o]:+.1f} %" for o in CHANGE_OPTIONS)
     return [
         Draft(
@@ -122,7 +129,7 @@ def kidney_sides(f: PatientFacts, d: FrozenDraw, ctx: BankContext) -> list[Draft
     larger, smaller = max(left, right), min(left, right)
     excess = 100.0 * (larger - smaller) / smaller
     if abs(excess - 5.0) < 0.5 or left == right:
-        return []
+        raise SkipError("too close to call", f"the larger kidney exceeds the other by {excess:.1f} %")
     side = "left" if left > right else "right"
     category = f"{side}_{'much' if excess > 5 else 'slight'}"
     return [
@@ -155,6 +162,6 @@ def population(facts: list[PatientFacts]) -> dict:
             for organ in VOLUME_ORGANS:
                 pool[organ].append((f.patient_id, f.visits[v].volumes[organ]))
             fat = f.visits[v].fat.get("liver")
-            if fat is not None and not (v == "follow_up" and f.liver_swapped):
+            if fat is not None and fat <= SWAPPED_FAT and not (v == "follow_up" and f.liver_swapped):
                 pool["liver_fat"].append((f.patient_id, fat))
     return pool

@@ -1,5 +1,12 @@
 """Consultant questions (data source medboard_opsd): diagnosis from the longitudinal record, and claims
-that need both a report and a measurement to check."""
+that need both a report and a measurement to check.
+
+Diagnoses come from the clinical table (`case_env.envs.imaging.clinical`): `interval_diagnosis` asks which
+imaging-visible diagnosis was first recorded between the two visits, `prior_diagnosis` which was recorded
+before the baseline visit, each with "none" as a real option and distractors from other participants'
+codes in the same ICD-10 chapter. Without a clinical table, a synthetic root's manifest names the
+scenario's diagnosis (`diagnosis`); real data without a table gets no diagnosis questions.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +14,9 @@ import math
 
 from case_env.core.frozen import FrozenDraw
 from case_env.envs.imaging.bank.anatomist import VISIT_WORDS, words
-from case_env.envs.imaging.bank.drafts import BankContext, Draft, call
+from case_env.envs.imaging.bank.drafts import BankContext, Draft, SkipError, call
 from case_env.envs.imaging.bank.facts import PatientFacts
+from case_env.envs.imaging.icd10 import TITLES, chapter_of, imaging_visible, label
 from case_env.envs.imaging.synth.scenarios import C78_7, K76_0, K76_8, K86_8, M62_5, N28_1, R16_1
 from case_env.envs.imaging.terms import Persona
 
@@ -32,6 +40,11 @@ UNSEGMENTED = {
 
 
 def diagnosis(f: PatientFacts, d: FrozenDraw, ctx: BankContext) -> list[Draft]:
+    """The scenario's diagnosis, from the manifest: for synthetic roots without a clinical table."""
+    if f.diagnoses is not None:
+        raise SkipError("asked from the clinical table", "interval_diagnosis and prior_diagnosis")
+    if not f.has_manifest:
+        raise SkipError("needs a clinical table or a phantom manifest")
     if f.icd10:
         code = f.icd10[0]["code"]
         correct = f"{code} {f.icd10[0]['title']}"
@@ -55,6 +68,95 @@ def diagnosis(f: PatientFacts, d: FrozenDraw, ctx: BankContext) -> list[Draft]:
             insight,
         )
     ]
+
+
+INTERVAL_NONE = "None of these: no new diagnosis was recorded between the visits"
+PRIOR_NONE = "None of these: no such diagnosis was recorded before the baseline visit"
+
+
+def _visible_codes(f: PatientFacts, when: str) -> list[tuple[str, str]]:
+    """(code, title) of imaging-visible diagnoses first recorded before baseline or between the visits."""
+    out = []
+    for record in f.diagnoses or []:
+        day = record.recorded.isoformat()
+        before = day < f.baseline_date
+        between = f.baseline_date <= day <= f.follow_up_date
+        if imaging_visible(record.code) and (before if when == "prior" else between):
+            out.append((record.code, record.title))
+    return out
+
+
+def _chapter_distractors(code: str, own: set[str], d: FrozenDraw, ctx: BankContext) -> list[str]:
+    """Two other participants' codes of the same chapter (the title table's when they are too few)."""
+    chapter = chapter_of(code)
+    seen = {c: t for _pid, c, t in sorted(ctx.population["codes"]) if c not in own}
+    pool = sorted(c for c in seen if chapter_of(c) == chapter)
+    if len(pool) < 2:
+        pool += sorted(
+            c for c in TITLES if imaging_visible(c) and chapter_of(c) == chapter and c not in own | set(pool)
+        )
+        seen = {**{c: TITLES[c] for c in TITLES}, **seen}
+    if len(pool) < 2:
+        raise SkipError("too few codes in the chapter", f"chapter {chapter} for {code}")
+    return [label(c, seen[c]) for c in d.shuffled("dx-chapter", pool)[:2]]
+
+
+def _recorded_diagnosis(f: PatientFacts, d: FrozenDraw, ctx: BankContext, when: str) -> list[Draft]:
+    if f.diagnoses is None:
+        raise SkipError("no clinical table")
+    codes = _visible_codes(f, when)
+    own = {r.code for r in f.diagnoses}
+    none = INTERVAL_NONE if when == "interval" else PRIOR_NONE
+    if codes:
+        code, title = codes[d.integer("dx-pick", 0, len(codes) - 1)]
+        correct, category = label(code, title), code
+        distractors = [none, *_chapter_distractors(code, own, d, ctx)]
+    else:
+        correct, category = none, "none"
+        pool = sorted({c: t for _pid, c, t in ctx.population["codes"] if c not in own}.items())
+        if len(pool) < 3:
+            pool += sorted((c, t) for c, t in TITLES.items() if imaging_visible(c) and c not in own)
+        distractors = [label(c, t) for c, t in d.shuffled("dx", sorted(set(pool)))[:3]]
+    if when == "interval":
+        stem = (
+            "Which diagnosis, first recorded between the baseline and follow-up visits, do the imaging "
+            "findings support?"
+        )
+        insight = "The follow-up report shows a finding that the baseline report does not: " + correct + "."
+    else:
+        stem = (
+            "Which diagnosis, recorded before the baseline visit, do the baseline imaging findings support?"
+        )
+        insight = "The baseline report already shows the finding of: " + correct + "."
+    return [
+        Draft(
+            Persona.CONSULTANT,
+            f"{when}_diagnosis",
+            category,
+            f.patient_id,
+            stem,
+            correct,
+            distractors,
+            [call("read_report", visit="baseline"), call("read_report", visit="follow_up")],
+            insight,
+        )
+    ]
+
+
+def interval_diagnosis(f: PatientFacts, d: FrozenDraw, ctx: BankContext) -> list[Draft]:
+    return _recorded_diagnosis(f, d, ctx, "interval")
+
+
+def prior_diagnosis(f: PatientFacts, d: FrozenDraw, ctx: BankContext) -> list[Draft]:
+    return _recorded_diagnosis(f, d, ctx, "prior")
+
+
+def population(facts: list[PatientFacts]) -> dict:
+    """Every participant's imaging-visible codes, for same-chapter distractors."""
+    codes = [
+        (f.patient_id, r.code, r.title) for f in facts for r in f.diagnoses or [] if imaging_visible(r.code)
+    ]
+    return {"codes": codes}
 
 
 def _report_statements(f: PatientFacts) -> list[tuple[str, str]]:
@@ -91,6 +193,8 @@ def _report_statements(f: PatientFacts) -> list[tuple[str, str]]:
 
 
 def claim(f: PatientFacts, d: FrozenDraw, ctx: BankContext) -> list[Draft]:
+    if not f.visits["follow_up"].report:
+        raise SkipError("no follow-up report", "claims are about what the report says")
     out = []
     statements = _report_statements(f)
     organs = d.shuffled("claim-organs", list(CLAIM_ORGANS))
@@ -148,5 +252,5 @@ def claim(f: PatientFacts, d: FrozenDraw, ctx: BankContext) -> list[Draft]:
     return out
 
 
-TEMPLATES = (diagnosis, claim)
+TEMPLATES = (diagnosis, interval_diagnosis, prior_diagnosis, claim)
 __all__ = ["TEMPLATES", "VISIT_WORDS"]

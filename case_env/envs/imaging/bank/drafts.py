@@ -24,8 +24,20 @@ N_OPTIONS = 4
 LETTERS = "ABCD"
 
 
-class DistractorError(ValueError):
+class SkipError(ValueError):
+    """A template cannot ask its question for this patient: the measurement is missing or too close to
+    call. `reason` is the short form bank.json counts per template; the message adds the values."""
+
+    def __init__(self, reason: str, detail: str = ""):
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+
+
+class DistractorError(SkipError):
     """No set of distractors far enough from the truth and from each other: the question is not asked."""
+
+    def __init__(self, detail: str):
+        super().__init__("no separated distractors", detail)
 
 
 @dataclass

@@ -1,12 +1,20 @@
 """Radiologist questions (data source medpanel_v2_opsd): what changed in the images, and whether it is real.
 
-Every answer is visible in render_comparison panels; the evidence names the panels that show it.
+Every answer is visible in render_comparison panels; the evidence names the panels that show it. With
+measured truth (the default) the answer classes come from the measurements the tools serve: the liver's
+signal fat fraction at both visits and the lesions of the lesion map. A change of at least 3 points of fat
+fraction is a change and at most 1.5 points is none; a lesion grew when it is at least 3 mm and 15 %
+larger (volume-equivalent diameter) and is unchanged within 1 mm. Values between those bounds are too
+close to call, and the question is skipped. Whether a difference is a fat-water swap rather than a true
+change only a manifest knows: `artefact_vs_change` is asked only where one exists, and a manifest's
+knowledge of a swap across the liver vetoes (never answers) the liver questions.
 """
 
 from __future__ import annotations
 
 from case_env.core.frozen import FrozenDraw
-from case_env.envs.imaging.bank.drafts import BankContext, Draft, call
+from case_env.envs.imaging.bank.anatomist import SWAPPED_FAT
+from case_env.envs.imaging.bank.drafts import BankContext, Draft, SkipError, call
 from case_env.envs.imaging.bank.facts import PatientFacts, lesion_position
 from case_env.envs.imaging.scan_protocol import STATION_NAMES
 from case_env.envs.imaging.terms import Persona
@@ -36,6 +44,44 @@ REGION_CHANGE = {
     "no_difference": "No visible difference",
 }
 MUSCLE_OR_PANCREAS_FAT = {"sarcopenia", "pancreatic_fatty_atrophy"}  # real fat changes outside the liver
+FAT_CHANGED, FAT_STABLE = 3.0, 1.5  # points of liver signal fat fraction
+GROWN_MM, GROWN_RATIO, STABLE_MM = 3.0, 1.15, 1.0
+
+
+def measured_fat_class(f: PatientFacts) -> str:
+    """increased / decreased / unchanged from the measured liver signal fat fraction at both visits."""
+    before, after = f.visits["baseline"].fat.get("liver"), f.visits["follow_up"].fat.get("liver")
+    if before is None or after is None:
+        raise SkipError("no liver fat fraction", "the liver has no interior voxels at a visit")
+    if max(before, after) > SWAPPED_FAT:
+        raise SkipError("water and fat look exchanged", f"liver signal fat fraction {max(before, after)} %")
+    delta = after - before
+    if abs(delta) >= FAT_CHANGED:
+        return "increased" if delta > 0 else "decreased"
+    if abs(delta) <= FAT_STABLE:
+        return "unchanged"
+    raise SkipError("too close to call", f"liver fat fraction changed by {delta:+.1f} points")
+
+
+def lesion_class(f: PatientFacts, before: float | None, after: float) -> str:
+    """new / grew / unchanged / smaller for a lesion present at follow-up."""
+    if before is None:
+        return "new"
+    if f.truth == "manifest":  # the generator's rule: RECIST 1.1 progression
+        return "grew" if after >= before * 1.2 and after - before >= 5 else "unchanged"
+    delta = after - before
+    if delta >= GROWN_MM and after >= before * GROWN_RATIO:
+        return "grew"
+    if abs(delta) <= STABLE_MM:
+        return "unchanged"
+    if -delta >= GROWN_MM and before >= after * GROWN_RATIO:
+        return "smaller"
+    raise SkipError("too close to call", f"lesion diameter {before} mm to {after} mm")
+
+
+def _veto_swapped_liver(f: PatientFacts) -> None:
+    if f.liver_swapped or f.liver_partly_swapped:
+        raise SkipError("fat-water swap in the liver (manifest)", f"station {f.swap_station}")
 
 
 def _draft(
@@ -58,19 +104,36 @@ def _main_liver_lesion(f: PatientFacts) -> dict | None:
     return next((t for t in f.lesion_tracks() if t["organ"] == "liver" and not t["incidental"]), None)
 
 
-def liver_change(f: PatientFacts, d: FrozenDraw, ctx: BankContext) -> list[Draft]:
-    if f.liver_swapped or f.liver_partly_swapped:
-        return []  # the liver images carry the artefact: asked by artefact_vs_change instead
+def _liver_change_measured(f: PatientFacts) -> tuple[str, dict | None]:
+    """The answer class and the lesion that shows it, from the measurements."""
+    lesions = [t for t in f.lesion_tracks() if t["organ"] == "liver" and t["diameters"][1] is not None]
+    classes = [(lesion_class(f, *t["diameters"]), t) for t in lesions]
+    for wanted, category in (("new", "new_lesion"), ("grew", "lesion_growth")):
+        lesion = next((t for c, t in classes if c == wanted), None)
+        if lesion:
+            return category, lesion
+    if any(c == "smaller" for c, _ in classes):
+        raise SkipError("no option fits", "a liver lesion became smaller")
+    fat = measured_fat_class(f)
+    return ("no_change" if fat == "unchanged" else "fat_change"), (lesions[0] if lesions else None)
+
+
+def _liver_change_manifest(f: PatientFacts) -> tuple[str, dict | None]:
     lesion = _main_liver_lesion(f)
-    evidence = [call("render_comparison", sequence="fat", plane="axial", organ="liver", position=50)]
     if f.scenario == "new_liver_lesion" and lesion:
-        category = "new_lesion"
-    elif f.scenario == "growing_liver_lesion" and lesion:
-        category = "lesion_growth"
-    elif f.scenario in ("steatosis_progression", "steatosis_regression"):
-        category = "fat_change"
-    else:
-        category = "no_change"
+        return "new_lesion", lesion
+    if f.scenario == "growing_liver_lesion" and lesion:
+        return "lesion_growth", lesion
+    if f.scenario in ("steatosis_progression", "steatosis_regression"):
+        return "fat_change", lesion
+    return "no_change", lesion
+
+
+def liver_change(f: PatientFacts, d: FrozenDraw, ctx: BankContext) -> list[Draft]:
+    _veto_swapped_liver(f)  # the liver images carry the artefact: asked by artefact_vs_change instead
+    measured = f.truth == "measured"
+    category, lesion = _liver_change_measured(f) if measured else _liver_change_manifest(f)
+    evidence = [call("render_comparison", sequence="fat", plane="axial", organ="liver", position=50)]
     if lesion:
         position = lesion_position(ctx.imaging, f, "liver", lesion["centre_mm"])
         evidence = [
@@ -97,8 +160,12 @@ def liver_change(f: PatientFacts, d: FrozenDraw, ctx: BankContext) -> list[Draft
 
 def fat_direction(f: PatientFacts, d: FrozenDraw, ctx: BankContext) -> list[Draft]:
     if f.liver_partly_swapped:
-        return []  # the answer would depend on the level looked at
-    if f.liver_swapped:
+        raise SkipError("fat-water swap in part of the liver (manifest)", f"station {f.swap_station}")
+    if f.truth == "measured":
+        if f.liver_swapped:
+            raise SkipError("fat-water swap in the liver (manifest)", f"station {f.swap_station}")
+        category = measured_fat_class(f)
+    elif f.liver_swapped:
         category = "artefact"
     elif f.scenario == "steatosis_progression":
         category = "increased"
@@ -139,22 +206,20 @@ def _lesion_organ(track: dict) -> tuple[str, str]:
     return track["organ"], f"the {organ_words}" + (f" ({track['location']})" if track["location"] else "")
 
 
-def lesion_status(f: PatientFacts, d: FrozenDraw, ctx: BankContext) -> list[Draft]:
+def lesion_status(f: PatientFacts, d: FrozenDraw, ctx: BankContext) -> list[Draft | SkipError]:
     out = []
     for track in f.lesion_tracks():
         before, after = track["diameters"]
         if after is None:
             continue
-        category = (
-            "new"
-            if before is None
-            else "grew"
-            if after >= before * 1.2 and after - before >= 5
-            else "unchanged"
-        )
+        try:
+            category = lesion_class(f, before, after)
+        except SkipError as skip:
+            out.append(skip)  # this lesion only; the patient's other lesions are still asked about
+            continue
         organ, where = _lesion_organ(track)
         position = lesion_position(ctx.imaging, f, organ, track["centre_mm"])
-        sequence = "fat" if track["kind"] == "haemangioma" else "water"
+        sequence = "fat" if track.get("kind") == "haemangioma" else "water"
         evidence = [
             call("render_comparison", sequence=sequence, plane="axial", organ=organ, position=position)
         ]
@@ -174,6 +239,10 @@ def lesion_status(f: PatientFacts, d: FrozenDraw, ctx: BankContext) -> list[Draf
 
 
 def artefact_vs_change(f: PatientFacts, d: FrozenDraw, ctx: BankContext) -> list[Draft]:
+    if not f.has_manifest:
+        raise SkipError(
+            "needs a phantom manifest", "true change or fat-water swap is known only to a generator"
+        )
     station = f.swap_station or 3
     if f.swap_station:
         category = "artefact"
@@ -182,7 +251,7 @@ def artefact_vs_change(f: PatientFacts, d: FrozenDraw, ctx: BankContext) -> list
     elif f.scenario == "steatosis_regression":
         category = "true_decrease"
     elif f.scenario in MUSCLE_OR_PANCREAS_FAT:
-        return []
+        raise SkipError("true fat change outside the liver", f.scenario)
     else:
         category = "no_difference"
     region = STATION_NAMES[station - 1]

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from case_env.core.frozen import FrozenDraw
+from case_env.envs.imaging.icd10 import TITLES
 from case_env.envs.imaging.synth.geometry import STATION_NAMES
 from case_env.envs.imaging.synth.plan import SIZED_ORGANS, VisitState
 
@@ -25,13 +26,13 @@ class Diagnosis:
     title: str
 
 
-K76_0 = Diagnosis("K76.0", "Fatty (change of) liver, not elsewhere classified")
-K76_8 = Diagnosis("K76.8", "Other specified diseases of liver")
-C78_7 = Diagnosis("C78.7", "Secondary malignant neoplasm of liver and intrahepatic bile duct")
-N28_1 = Diagnosis("N28.1", "Cyst of kidney, acquired")
-R16_1 = Diagnosis("R16.1", "Splenomegaly, not elsewhere classified")
-K86_8 = Diagnosis("K86.8", "Other specified diseases of pancreas")
-M62_5 = Diagnosis("M62.5", "Muscle wasting and atrophy, not elsewhere classified")
+K76_0 = Diagnosis("K76.0", TITLES["K76.0"])
+K76_8 = Diagnosis("K76.8", TITLES["K76.8"])
+C78_7 = Diagnosis("C78.7", TITLES["C78.7"])
+N28_1 = Diagnosis("N28.1", TITLES["N28.1"])
+R16_1 = Diagnosis("R16.1", TITLES["R16.1"])
+K86_8 = Diagnosis("K86.8", TITLES["K86.8"])
+M62_5 = Diagnosis("M62.5", TITLES["M62.5"])
 
 
 @dataclass

@@ -18,11 +18,13 @@ from pathlib import Path
 import numpy as np
 
 from case_env import __version__
+from case_env.envs.imaging.clinical import write_diagnoses
 from case_env.envs.imaging.data import layout
 from case_env.envs.imaging.data.nifti import save_volume
 from case_env.envs.imaging.data.volumetry import OrganMeasure, label_counts, measure, write_volumes
 from case_env.envs.imaging.labels import VISTA3D, LabelTable, snake
 from case_env.envs.imaging.synth.anatomy import BodyPlan
+from case_env.envs.imaging.synth.clinical import diagnoses_for, synthetic_eid
 from case_env.envs.imaging.synth.dixon import CHANNELS, NOISE_SIGMA, dixon_images, mix_visceral_fat
 from case_env.envs.imaging.synth.geometry import FOV_MM, PROFILES, STATION_NAMES, TOP_MM, station_z_ranges
 from case_env.envs.imaging.synth.patient import PatientPlan, plan_patient
@@ -302,13 +304,25 @@ def _write_dataset_files(out: Path, seed: int, profile: str, summaries: list[Pat
     _json(out / layout.DATASET_DESCRIPTION, _description(seed, profile, len(summaries)))
     write_tsv(
         out / layout.PARTICIPANTS,
-        ["participant_id", "case_id", "sex", "age", "scenario"],
-        [[s.subject, s.public_id, s.sex, s.age, s.scenario] for s in summaries],
+        ["participant_id", "case_id", "eid", "sex", "age", "scenario"],
+        [
+            [s.subject, s.public_id, synthetic_eid(i), s.sex, s.age, s.scenario]
+            for i, s in enumerate(summaries)
+        ],
+    )
+    write_diagnoses(
+        out,
+        [
+            (s.subject, synthetic_eid(i), record)
+            for i, s in enumerate(summaries)
+            for record in diagnoses_for(plan_patient(seed, i))
+        ],
     )
     _json(
         out / "participants.json",
         {
             "case_id": {"Description": "Public patient id used by the tools (CASE convention)"},
+            "eid": {"Description": "UK Biobank-style participant id (synthetic: 9000001 onwards)"},
             "sex": {"Description": "Sex", "Levels": {"F": "female", "M": "male"}},
             "age": {"Description": "Age at the first imaging visit", "Units": "years"},
             "scenario": {"Description": "Synthetic ground truth: what changes between visits (never served)"},
