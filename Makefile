@@ -16,8 +16,9 @@ DEMO_SEED     ?= 0
 DEMO_CASES    ?= 300
 DEMO_CLINIC   ?= data/clinic
 DEMO_REASON   ?= data/casereason
+DEMO_REAL     ?= data/ukb
 
-.PHONY: demo test reliability lint format bench-data clean browser
+.PHONY: demo demo-real test reliability lint format bench-data clean browser
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +50,20 @@ demo: $(STAMP)
 	$(BIN)/python scripts/casereason_baselines.py --cases $(DEMO_CASES) --seed $(DEMO_SEED) --out $(DEMO_REASON)/baselines
 	# every registered environment, with its personas and tools
 	$(BIN)/case-env envs
+
+# The real-data path (issue 16) on a machine without UK Biobank access: the synthetic patients as UK Biobank
+# field-20201 zips, ingested back (pydicom, stitching), label maps from the generator standing in for
+# `case-env segment`, checked, a bank from measured truth with the clinical table and no phantom manifests,
+# then rollouts through verl's ToolAgentLoop against the tool server on the ingested root.
+demo-real: $(STAMP)
+	$(BIN)/case-env synth --out $(DEMO_ROOT) --patients $(DEMO_PATIENTS) --profile $(DEMO_PROFILE) --seed $(DEMO_SEED)
+	$(BIN)/case-env synth --format ukb-dicom --source $(DEMO_ROOT) --out $(DEMO_REAL)/zips --seed $(DEMO_SEED)
+	$(BIN)/case-env ingest ukb --zips $(DEMO_REAL)/zips --out $(DEMO_REAL)/root
+	$(BIN)/case-env segment $(DEMO_REAL)/root --copy-derivatives-from $(DEMO_ROOT)
+	$(BIN)/case-env data check $(DEMO_REAL)/root
+	$(BIN)/case-env bank build --data-root $(DEMO_REAL)/root --clinical $(DEMO_ROOT)/phenotype/diagnoses.tsv \
+		--out $(DEMO_REAL)/bank --seed $(DEMO_SEED)
+	$(BIN)/case-env rollouts --bank $(DEMO_REAL)/bank --split train --data-root $(DEMO_REAL)/root --per-source 8
 
 test: $(STAMP) lint browser
 	$(BIN)/python -m pytest

@@ -210,18 +210,22 @@ def test_a_question_without_distractors_is_skipped_and_counted(dataset, monkeypa
     @functools.wraps(first)
     def crowded(f, d, ctx):
         if f.patient_id == "case0001":
-            raise DistractorError("could not find separated distractors for 1235.3")
+            raise DistractorError("truth 1235.3")
         return first(f, d, ctx)
 
     monkeypatch.setattr(builder, "TEMPLATES", (crowded, *builder.TEMPLATES[1:]))
     result = builder.build(PatientStore(dataset), 4, (0.8, 0.1, 0.1))
-    assert result.skipped == [f"case0001 {first.__name__}: could not find separated distractors for 1235.3"]
+    line = f"case0001 {first.__name__}: no separated distractors: truth 1235.3"
+    assert [s for s in result.skipped if s.startswith(f"case0001 {first.__name__}")] == [line]
+    assert result.skipped_by_template[first.__name__] == {"no separated distractors": 1}
     questions = [json.loads(r["extra_info"]) for rows in result.rows.values() for r in rows]
     assert questions and not any(
         q["patient_id"] == "case0001" and q["template"] == first.__name__ for q in questions
     )
     write(result, tmp_path, {})
-    assert json.loads((tmp_path / "bank.json").read_text())["skipped"] == result.skipped
+    summary = json.loads((tmp_path / "bank.json").read_text())
+    assert summary["skipped"] == result.skipped and line in summary["skipped"]
+    assert summary["skipped_by_template"] == result.skipped_by_template
 
 
 def test_a_problem_list_cut_short_says_how_many_more():

@@ -122,9 +122,11 @@ def test_repeats_roll_each_question_out_several_times_and_resume(bank, server, t
 
 @pytest.mark.parametrize("agent", ["no-tool", "random"])
 def test_prompt_only_baselines_make_no_calls_and_stay_near_chance(bank, server, tmp_path, agent):
-    results = run_eval(bank, server.url, agent, tmp_path, concurrency=4, progress=False)
+    # random draws three times per row, so one lucky draw of 90 letters does not decide the bound
+    repeats = 3 if agent == "random" else 1
+    results = run_eval(bank, server.url, agent, tmp_path, concurrency=4, repeats=repeats, progress=False)
     n = results["overall"]["n"]
-    assert n >= 80
+    assert n >= 80 * repeats
     assert all(s["mean_tool_calls"] == 0 for s in results["by_data_source"].values())
     # 10 patients only: a loose bound here; the acceptance figures use a bank of 30 patients
     assert results["overall"]["accuracy"] <= 0.25 + 0.12, json.dumps(results["by_data_source"])

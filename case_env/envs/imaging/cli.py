@@ -95,6 +95,19 @@ def _register_real_data(root: typer.Typer) -> None:
 
 
 def _register_bench(bench: typer.Typer) -> None:
+    @bench.command("ingest")
+    def bench_ingest(
+        out: Path = typer.Option(
+            Path("bench-out/ingest"), "--out", help="Directory for bench.json and scratch data."
+        ),
+        patients: int = typer.Option(2, "--patients", min=1, help="Patients (two visits each) per profile."),
+        profiles: str = typer.Option("ci,full", "--profiles", help="Comma-separated profiles to measure."),
+    ) -> None:
+        """Time per visit and peak memory of `ingest ukb`, beside the pydicom read floor of the same zips."""
+        from case_env.envs.imaging.bench.ingest import run_ingest_bench
+
+        result = run_ingest_bench(out, patients, [p.strip() for p in profiles.split(",") if p.strip()])
+        typer.echo(json.dumps(result, indent=2))
 
     @bench.command("data")
     def bench_data(

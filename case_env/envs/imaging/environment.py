@@ -221,7 +221,7 @@ class ImagingEnvironment(Environment):
                 source = Path(tmp) / "root"
                 self._synthesize_root(options.model_copy(update={"out": source, "format": "nifti"}), echo)
             try:
-                zips = write_ukb_zips(source, options.out, options.seed, echo)
+                zips = write_ukb_zips(source, options.out, options.seed, echo, options.force)
             except ZipError as exc:
                 raise CommandError(str(exc)) from None
         echo(

@@ -5,12 +5,17 @@ each question template it learns, from a reference bank (the train split by defa
 prompt-only rules would have picked the keyed answer most often (the most common letter, the option text
 most often keyed, the option holding the k-th smallest number) and applies the best one. The fit always
 leaves out the patient being asked about, so an option text that is unique to one patient (a volume) cannot
-be memorised and a train-split item is scored out of sample. If the bank leaks, this agent beats chance and
+be memorised and a train-split item is scored out of sample. A rule is adopted only when it beats chance on
+the reference rows by more than two binomial standard deviations; otherwise the agent guesses uniformly.
+Without that test the leave-out anti-learns on a balanced bank: removing a patient makes its own answer
+class the rarest among the rest, so "the most common class" is always wrong for it (a 10-patient bank
+scored 0.00 on medpanel that way). If the bank leaks, the rule is significant, this agent beats chance and
 the acceptance test says so.
 """
 
 from __future__ import annotations
 
+import math
 import random
 import re
 from collections import Counter, defaultdict
@@ -61,7 +66,7 @@ class PriorModel:
         by_template: dict[str, list[dict]] = defaultdict(list)
         for extra in rows:
             by_template[extra.get("template", "")].append(extra)
-        self.rules: dict[str, Rule] = {}
+        self.rules: dict[str, Rule] = {}  # templates without a significant rule are guessed uniformly
         self.train_accuracy: dict[str, float] = {}
         for template, extras in by_template.items():
             keyed_texts = Counter(e["options"][e["ground_truth"]] for e in extras)
@@ -69,11 +74,15 @@ class PriorModel:
             candidates += [_rank_rule(k) for k in range(5)]
             candidates.append(_text_rule([text for text, _ in keyed_texts.most_common()]))
             scored = [
-                (sum(rule(e["options"]) == e["ground_truth"] for e in extras), i)
+                (sum(rule(e["options"]) == e["ground_truth"] for e in extras), -i)
                 for i, rule in enumerate(candidates)
             ]
-            hits, best = max(scored)
-            self.rules[template] = candidates[best]
+            hits, best = max(scored)  # ties go to the simplest rule (a letter before a memorised text)
+            best = -best
+            chance = sum(1 / len(e["options"]) for e in extras)
+            spread = math.sqrt(sum((1 / len(e["options"])) * (1 - 1 / len(e["options"])) for e in extras))
+            if hits > chance + 2 * spread:  # a real tell, not the imbalance the leave-out itself creates
+                self.rules[template] = candidates[best]
             self.train_accuracy[template] = hits / len(extras)
 
     def pick(self, extra: dict) -> str | None:

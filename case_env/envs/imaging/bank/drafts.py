@@ -147,4 +147,4 @@ def numeric_distractors(
         candidates = [truth, *picks]
         if all(separated(a, b) for i, a in enumerate(candidates) for b in candidates[i + 1 :]):
             return picks
-    raise DistractorError(f"could not find separated distractors for {truth}")
+    raise DistractorError(f"truth {truth}")

@@ -253,13 +253,17 @@ def _description(seed: int, profile: str, patients: int) -> dict:
                 "Seed": seed,
                 "Profile": profile,
                 "Patients": patients,
+                "Layout": LAYOUT,
             }
         ],
         "Synthetic": True,
     }
 
 
-_MARKER = ".case-env-synth.json"  # written first; proves the directory is ours even when incomplete
+_MARKER = ".case-env-synth.json"
+# The files a dataset holds; a complete dataset of an older layout (without the eid column and the clinical
+# table of layout 2) is ours and is regenerated rather than refused.
+LAYOUT = 2  # written first; proves the directory is ours even when incomplete
 
 
 def existing_generation(out: Path) -> tuple[dict | None, bool]:
@@ -288,7 +292,10 @@ def _prepare(out: Path, wanted: dict, force: bool) -> bool:
             )
         if complete and previous == wanted and not force:
             return False
-        if complete and previous != wanted and not force:
+        older_layout = previous.get("Layout", 1) != LAYOUT and {
+            k: v for k, v in previous.items() if k != "Layout"
+        } == {k: v for k, v in wanted.items() if k != "Layout"}
+        if complete and previous != wanted and not force and not older_layout:
             raise DatasetExistsError(
                 f"{out} already holds a synthetic dataset with other settings "
                 f"(seed {previous.get('Seed')}, profile {previous.get('Profile')}, {previous.get('Patients')} patients); "

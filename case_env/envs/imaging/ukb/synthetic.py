@@ -39,8 +39,11 @@ def _empty_rows(volumes: list[np.ndarray], z: slice) -> tuple[int, int]:
     return min(top, MAX_CROP), min(bottom, MAX_CROP)
 
 
-def write_ukb_zips(source: Path, out: Path, seed: int, echo: Callable[[str], object]) -> list[Path]:
-    """Zips of every visit of a synthetic root; returns their paths."""
+def write_ukb_zips(
+    source: Path, out: Path, seed: int, echo: Callable[[str], object], force: bool = False
+) -> list[Path]:
+    """Zips of every visit of a synthetic root (a zip already there is kept unless `force`); returns
+    their paths."""
     store = PatientStore(source)
     participants = {row["participant_id"]: row for row in read_tsv(source / "participants.tsv")}
     written = []
@@ -56,6 +59,11 @@ def write_ukb_zips(source: Path, out: Path, seed: int, echo: Callable[[str], obj
             instance = int(
                 sessions.get(vf.session, {}).get("ukb_instance") or (2 if vf.visit == "baseline" else 3)
             )
+            path = out / protocol.BulkFile(eid, protocol.FIELD, instance, 0).name()
+            if path.exists() and not force:
+                written.append(path)
+                echo(f"  {path.name}: kept ({pid} {vf.visit}; --force rewrites it)")
+                continue
             volumes = {c: store.image(pid, vf.visit, c) for c in CHANNELS}
             bounds = store.stations(pid, vf.visit)
             arrays = [v.data for v in volumes.values()]
@@ -68,7 +76,6 @@ def write_ukb_zips(source: Path, out: Path, seed: int, echo: Callable[[str], obj
                 c: split(np.asarray(v.data), v.affine, bounds, OVERLAP, crops) for c, v in volumes.items()
             }
             age = int(float(row.get("age") or patient.age or 60)) + round((vf.interval_days or 0) / 365.25)
-            path = out / protocol.BulkFile(eid, protocol.FIELD, instance, 0).name()
             files = write_zip(
                 path, stations, eid, vf.acq_date or date(2015, 1, 1), patient.sex or "O", age, seed
             )
