@@ -208,14 +208,8 @@ def test_bank_build_takes_a_clinical_file_and_reports_its_bad_rows(real_shaped, 
     import subprocess
     import sys
 
-    table = tmp_path / "dx.tsv"
-    table.write_text("eid\tcode\tdate\n9999999\tK76.0\t2017-01-01\n")
-    out = tmp_path / "bank"
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "case_env.cli",
+    def bank_build(clinical: Path) -> subprocess.CompletedProcess:
+        args = [
             "bank",
             "build",
             "--data-root",
@@ -223,37 +217,24 @@ def test_bank_build_takes_a_clinical_file_and_reports_its_bad_rows(real_shaped, 
             "--out",
             str(out),
             "--clinical",
-            str(table),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+            str(clinical),
+        ]
+        return subprocess.run(
+            [sys.executable, "-m", "case_env.cli", *args], capture_output=True, text=True, timeout=600
+        )
+
+    table = tmp_path / "dx.tsv"
+    table.write_text("eid\tcode\tdate\n9999999\tK76.0\t2017-01-01\n")
+    out = tmp_path / "bank"
+    result = bank_build(table)
     assert result.returncode == 0, result.stderr
     assert "dx.tsv line 2: eid 9999999 is not in the data root's participants.tsv" in result.stderr
     summary = json.loads((out / "bank.json").read_text())
     assert summary["clinical"] == str(table) and summary["problems"]
-    missing = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "case_env.cli",
-            "bank",
-            "build",
-            "--data-root",
-            str(real_shaped),
-            "--out",
-            str(out),
-            "--clinical",
-            str(tmp_path / "absent.tsv"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    assert pq.read_table(out / "train.parquet").num_rows > 0
+    missing = bank_build(tmp_path / "absent.tsv")
     assert missing.returncode == 2 and "absent.tsv: no such file" in missing.stderr
     assert "Traceback" not in missing.stderr
-    assert pq.read_table(out / "train.parquet").num_rows > 0
 
 
 def test_the_no_tool_baseline_uses_a_real_tell_and_ignores_leave_out_noise():
@@ -270,3 +251,47 @@ def test_the_no_tool_baseline_uses_a_real_tell_and_ignores_leave_out_noise():
     # a balanced template: the leave-out makes p0's class the rarest of the rest, which is no tell
     balanced = [{**row(f"p{i}", 0, "A"), "ground_truth": "ABCD"[i % 4]} for i in range(40)]
     assert LeavePatientOut(balanced).for_patient("p0").pick(balanced[0]) is None
+
+
+def test_data_check_sets_our_volumes_beside_uk_biobank_phenotypes(dataset, tmp_path):
+    from case_env.core.registry import get
+    from case_env.envs.imaging.idps import IDPS
+
+    root = tmp_path / "root"
+    shutil.copytree(dataset, root)
+    check = get("imaging").check_data(root)
+    assert check.summary["phenotypes"].endswith(str(IDPS))
+    compared = [line for line in check.lines if line.startswith("  case0001 baseline:")]
+    assert compared and "liver PDFF" in compared[0] and "spleen" in compared[0]
+    assert not [w for w in check.warnings if "UK Biobank's phenotype" in w]  # the phantom agrees within 1 %
+    table = root / IDPS
+    lines = table.read_text().splitlines()
+    cells = lines[1].split("\t")
+    cells[3] = str(float(cells[3]) * 1.5)  # case0001's baseline liver: half as large again
+    lines[1] = "\t".join(cells)
+    lines.append("sub-9999\t\t2\t1500\tn/a\tn/a\tn/a\tn/a\tn/a")
+    lines.append(f"{cells[0]}\t\t7\t1500\tn/a\tn/a\tn/a\tn/a\tn/a")
+    table.write_text("\n".join(lines) + "\n")
+    warnings = get("imaging").check_data(root).warnings
+    assert any(w.startswith("case0001 baseline: liver measures") and "(-33.2 %)" in w for w in warnings), (
+        warnings
+    )
+    assert any("idps.tsv line 22: participant sub-9999 is not in the data root" in w for w in warnings), (
+        warnings
+    )
+    assert any("idps.tsv line 23: case0001 has no visit instance 7" in w for w in warnings), warnings
+
+
+def test_scripted_agents_solve_the_measured_truth_bank(real_shaped, tmp_path):
+    from case_env.eval.runner import run_eval
+    from tests.server_harness import live_server
+
+    store = PatientStore(real_shaped)
+    bank = tmp_path / "bank"
+    write(build(store, 5, (0.8, 0.1, 0.1), "measured", _clinical(store)), bank, {"env": "imaging"})
+    with live_server(real_shaped, tmp_path / "server") as server:
+        text = run_eval(bank, server.url, "scripted", tmp_path / "scripted", concurrency=3, progress=False)
+        vision = run_eval(bank, server.url, "vision", tmp_path / "vision", concurrency=3, progress=False)
+    for source in ("vista3d_opsd", "medboard_opsd"):
+        assert text["by_data_source"][source]["accuracy"] >= 0.98, text["by_data_source"]
+    assert vision["by_data_source"]["medpanel_v2_opsd"]["accuracy"] >= 0.90, vision["by_data_source"]

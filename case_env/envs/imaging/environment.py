@@ -166,6 +166,7 @@ class ImagingEnvironment(Environment):
         from case_env.envs.imaging.clinical import load_clinical
         from case_env.envs.imaging.data.check import check_root
         from case_env.envs.imaging.data.store import PatientStore
+        from case_env.envs.imaging.idps import compare, load_idps
 
         report = check_root(root)
         summary = report.to_json()
@@ -184,7 +185,14 @@ class ImagingEnvironment(Environment):
                     f"{patient.patient_id:10s} {v.visit:10s} {v.acq_date or '-':10s} {cells}  {len(v.organs)}"
                 )
         warnings = [str(p) for p in report.warnings]
-        clinical = None if report.errors else load_clinical(PatientStore(root))
+        store = None if report.errors else PatientStore(root)
+        clinical = load_clinical(store) if store else None
+        idps = load_idps(store) if store else None
+        if idps is not None:
+            lines.append(f"imaging-derived phenotypes {idps.source} (ours beside them):")
+            compared, disagree = compare(store, idps)
+            lines += compared
+            warnings += [f"{p} (row not used)" for p in idps.problems] + disagree
         if clinical is not None:
             patients = sum(1 for v in clinical.diagnoses.values() if v)
             records = sum(len(v) for v in clinical.diagnoses.values())
@@ -195,6 +203,7 @@ class ImagingEnvironment(Environment):
                 "root": summary["root"],
                 "patients": summary["patients"],
                 "clinical": clinical.source if clinical else None,
+                "phenotypes": idps.source if idps else None,
             },
             lines,
             [str(p) for p in report.errors],

@@ -96,30 +96,41 @@ class TextAgent(Agent):
             (o.text for o in outputs if o.tool == "read_report" and o.arguments.get("visit") == visit), ""
         )
 
+    def _pick_code(self, code: str | None, none_option: str, none_why: str, why: str):
+        """The option of a diagnosis code, or the "none" option when the reports support no code."""
+        if code is None:
+            letter = self.option_where(lambda t: t.startswith(none_option))
+            return letter and Decision(letter, none_why)
+        letter = self.option_where(lambda t: t.startswith(code))
+        return letter and Decision(letter, why.format(code=code))
+
     def _diagnosis(self, outputs):
         code = _impression_code(self._report(outputs, "follow_up"), at_baseline=False)
-        if code is None:
-            letter = self.option_where(lambda t: t.startswith("No new diagnosis"))
-            return letter and Decision(letter, "The follow-up report shows no significant interval change.")
-        letter = self.option_where(lambda t: t.startswith(code))
-        return letter and Decision(letter, f"The follow-up impression supports {code}.")
+        return self._pick_code(
+            code,
+            "No new diagnosis",
+            "The follow-up report shows no significant interval change.",
+            "The follow-up impression supports {code}.",
+        )
 
     def _interval_diagnosis(self, outputs):
         before = _impression_code(self._report(outputs, "baseline"), at_baseline=True)
         after = _impression_code(self._report(outputs, "follow_up"), at_baseline=False)
-        if after is None or after == before:
-            letter = self.option_where(lambda t: t.startswith("None of these"))
-            return letter and Decision(letter, "The follow-up report shows no finding the baseline lacked.")
-        letter = self.option_where(lambda t: t.startswith(after))
-        return letter and Decision(letter, f"The follow-up impression adds {after}.")
+        return self._pick_code(
+            None if after == before else after,
+            "None of these",
+            "The follow-up report shows no finding the baseline lacked.",
+            "The follow-up impression adds {code}.",
+        )
 
     def _prior_diagnosis(self, outputs):
         code = _impression_code(self._report(outputs, "baseline"), at_baseline=True)
-        if code is None:
-            letter = self.option_where(lambda t: t.startswith("None of these"))
-            return letter and Decision(letter, "The baseline report shows no such finding.")
-        letter = self.option_where(lambda t: t.startswith(code))
-        return letter and Decision(letter, f"The baseline impression already shows {code}.")
+        return self._pick_code(
+            code,
+            "None of these",
+            "The baseline report shows no such finding.",
+            "The baseline impression already shows {code}.",
+        )
 
     def _claim(self, outputs):
         match = _CLAIM.search(self.extra["question"])

@@ -22,6 +22,7 @@ from case_env.envs.imaging.clinical import write_diagnoses
 from case_env.envs.imaging.data import layout
 from case_env.envs.imaging.data.nifti import save_volume
 from case_env.envs.imaging.data.volumetry import OrganMeasure, label_counts, measure, write_volumes
+from case_env.envs.imaging.idps import IDP_ORGANS, PDFF, VOLUME_SUFFIX, write_idps
 from case_env.envs.imaging.labels import VISTA3D, LabelTable, snake
 from case_env.envs.imaging.synth.anatomy import BodyPlan
 from case_env.envs.imaging.synth.clinical import diagnoses_for, synthetic_eid
@@ -307,6 +308,18 @@ def _prepare(out: Path, wanted: dict, force: bool) -> bool:
     return True
 
 
+def _idps(out: Path, summary: PatientSummary) -> list[tuple[int, dict[str, float]]]:
+    """Stand-ins for UK Biobank's own phenotypes: the phantom's continuous volumes and tissue fat fraction
+    (what an independent pipeline would measure, not our voxel counts)."""
+    out_rows = []
+    for n, ses in enumerate(("ses-01", "ses-02")):
+        truth = json.loads((out / layout.phantom_manifest(summary.subject, ses)).read_text(encoding="utf-8"))
+        measures = {f"{o}{VOLUME_SUFFIX}": truth["true_volumes_ml"][o] for o in IDP_ORGANS}
+        measures[PDFF] = round(truth["true_fat_fraction_pct"]["liver"], 2)
+        out_rows.append((2 + n, measures))
+    return out_rows
+
+
 def _write_dataset_files(out: Path, seed: int, profile: str, summaries: list[PatientSummary]) -> None:
     _json(out / layout.DATASET_DESCRIPTION, _description(seed, profile, len(summaries)))
     write_tsv(
@@ -324,6 +337,9 @@ def _write_dataset_files(out: Path, seed: int, profile: str, summaries: list[Pat
             for i, s in enumerate(summaries)
             for record in diagnoses_for(plan_patient(seed, i))
         ],
+    )
+    write_idps(
+        out, [(s.subject, synthetic_eid(i), *m) for i, s in enumerate(summaries) for m in _idps(out, s)]
     )
     _json(
         out / "participants.json",
