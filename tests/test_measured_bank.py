@@ -189,6 +189,7 @@ def test_a_bad_clinical_table_row_is_named_and_the_rest_is_used(dataset, tmp_pat
         f"{sub}\tR16.1\t2017-13-40\n"
         "sub-9999\tK76.0\t2017-01-01\n"
         f"{sub}\tC78.7\t1900-01-01\n"
+        f"{sub}\tK99.9\t2017-01-01\n"
     )
     table = read_clinical(path, participants, eids)
     assert [r.code for r in table.diagnoses[store.patient_ids()[0]]] == ["K76.0"]
@@ -197,6 +198,7 @@ def test_a_bad_clinical_table_row_is_named_and_the_rest_is_used(dataset, tmp_pat
         "diagnoses.tsv line 4: date '2017-13-40' of R16.1 is not a date between 1901-01-01 and today (YYYY-MM-DD)",
         "diagnoses.tsv line 5: participant sub-9999 is not in the data root's participants.tsv",
         "diagnoses.tsv line 6: date '1900-01-01' of C78.7 is not a date between 1901-01-01 and today (YYYY-MM-DD)",
+        "diagnoses.tsv line 7: K99.9 is in no ICD-10 chapter (unknown code)",
     ]
     wrong_columns = tmp_path / "other.tsv"
     wrong_columns.write_text("person\tdiagnosis\nx\ty\n")

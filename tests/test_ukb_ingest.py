@@ -354,3 +354,22 @@ def test_segment_without_the_engine_says_what_to_install(source, tmp_path):
         "error: organ segmentation needs TotalSegmentator: pip install 'case-env[segment]' (brings torch and "
         "nnunetv2); its total_mr weights download on first use, or put them under TOTALSEG_HOME_DIR"
     ]
+
+
+def test_an_engine_without_its_weights_fails_in_one_line(source, tmp_path, monkeypatch):
+    from case_env.envs.imaging.ukb.segment import SegmentError, segment_root
+
+    root = tmp_path / "root"
+    shutil.copytree(source, root)
+    for path in (root / layout.SEGMENTATIONS).rglob("*desc-organs_dseg.nii.gz"):
+        path.unlink()
+
+    def offline(image, output, device):
+        raise ConnectionError("cannot download the total_mr weights")
+
+    with pytest.raises(SegmentError) as failure:
+        segment_root(root, engine=offline)
+    message = str(failure.value)
+    assert "\n" not in message and message.startswith("TotalSegmentator failed on case0001 baseline")
+    assert "cannot download the total_mr weights" in message and "TOTALSEG_HOME_DIR" in message
+    assert not list((root / layout.SEGMENTATIONS).rglob("*desc-organs_dseg.nii.gz"))

@@ -25,7 +25,7 @@ from datetime import date
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from case_env.envs.imaging.icd10 import normalise_code, title_of
+from case_env.envs.imaging.icd10 import chapter_of, normalise_code, title_of
 from case_env.envs.imaging.tsv import TsvError, read_tsv, write_tsv
 
 if TYPE_CHECKING:
@@ -125,6 +125,9 @@ def read_clinical(path: Path, participants: Mapping[str, str], eids: Mapping[str
             code = normalise_code(raw_code)
             if code is None:
                 problems.append(f"{where}: {raw_code.strip()!r} is not an ICD-10 code (e.g. K76.0 or K760)")
+                continue
+            if not chapter_of(code):
+                problems.append(f"{where}: {code} is in no ICD-10 chapter (unknown code)")
                 continue
             recorded = _parse_date(raw_date)
             if recorded is None:

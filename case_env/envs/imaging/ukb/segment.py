@@ -127,8 +127,12 @@ def segment_root(
                 result = nib.load(output)
             except SegmentError:
                 raise
-            except Exception as exc:  # the engine's own failures (weights, memory, CUDA) for this visit
-                lines.append(f"problem: {pid} {vf.visit}: TotalSegmentator failed ({exc}); {INSTALL}")
+            except Exception as exc:  # the engine's own failures (weights, memory, CUDA)
+                if not lines:  # the first visit already fails: the engine, not the visit, is the problem
+                    raise SegmentError(
+                        f"TotalSegmentator failed on {pid} {vf.visit} ({exc}); {INSTALL}"
+                    ) from exc
+                lines.append(f"problem: {pid} {vf.visit}: TotalSegmentator failed ({exc})")
                 continue
             ras = nib.as_closest_canonical(result)
             labels, dropped = to_vista3d(np.asanyarray(ras.dataobj), class_map)
