@@ -103,14 +103,23 @@ def _sample(station: Station, at: np.ndarray, order: int) -> np.ndarray:
     w = station.along()
     t = (at - w[0]) / station.step() if len(w) > 1 else np.zeros_like(at)
     t = np.clip(t, 0, station.data.shape[2] - 1)
+    t = np.where(np.abs(t - np.rint(t)) < 1e-6, np.rint(t), t)  # on a slice: that slice, exactly
     if order == 0:
         return station.data[:, :, np.rint(t).astype(int)]
     lo = np.floor(t).astype(int)
     hi = np.minimum(lo + 1, station.data.shape[2] - 1)
-    frac = (t - lo).astype(np.float64)
-    if not frac.any():
-        return station.data[:, :, lo].astype(np.float64)
+    frac = (t - lo).astype(np.float32)
+    if not frac.any():  # the station is on the grid: its own slices, in its own dtype
+        return station.data[:, :, lo]
     return station.data[:, :, lo] * (1 - frac) + station.data[:, :, hi] * frac
+
+
+def _cast(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """Blended or interpolated values in the stations' dtype (rounded and clipped for integers)."""
+    if values.dtype == dtype or not np.issubdtype(dtype, np.integer):
+        return values.astype(dtype, copy=False)
+    info = np.iinfo(dtype)
+    return np.clip(np.rint(values), info.min, info.max).astype(dtype)
 
 
 def stitch(stations: list[Station], order: int = 1, slice_mm: float | None = None) -> Stitched:
@@ -158,27 +167,34 @@ def stitch(stations: list[Station], order: int = 1, slice_mm: float | None = Non
         gap = grid[weights.sum(axis=0) == 0]
         raise GeometryError(f"no station covers {gap[0]:.1f}-{gap[-1]:.1f} mm along the slice normal")
 
+    # Slices one station covers are copied; only the overlaps are blended, in float32, with the weights
+    # renormalised where a station's in-plane field of view is the smaller one.
     dtype = first.data.dtype
-    if order == 0:
-        out = np.zeros((columns, rows, n), dtype=dtype)
-        best = weights.argmax(axis=0)
-    else:
-        acc = np.zeros((columns, rows, n), dtype=np.float64)
+    out = np.zeros((columns, rows, n), dtype=dtype)
+    shared = np.nonzero((weights > 0).sum(axis=0) > 1)[0]
+    slot = {int(k): j for j, k in enumerate(shared)}
+    best = weights.argmax(axis=0)
+    if order != 0:
+        acc = np.zeros((columns, rows, len(shared)), dtype=np.float32)
+        total = np.zeros_like(acc)
     for i, (s, (dc, dr)) in enumerate(zip(stations, shifts, strict=True)):
         ks = np.nonzero(covered[i])[0]
         if not len(ks):
             continue
         part = _sample(s, grid[ks], order)
         box = (slice(dc, dc + s.data.shape[0]), slice(dr, dr + s.data.shape[1]))
+        alone = ~np.isin(ks, shared)
+        out[box[0], box[1], ks[alone]] = _cast(part[:, :, alone], dtype)
         if order == 0:
-            mine = ks[best[ks] == i]
-            out[box[0], box[1], mine] = part[:, :, np.isin(ks, mine)]
-        else:
-            acc[box[0], box[1], ks] += part * weights[i, ks]
-    if order != 0:
-        info = np.iinfo(dtype) if np.issubdtype(dtype, np.integer) else None
-        out = np.rint(acc) if info else acc
-        out = np.clip(out, info.min, info.max).astype(dtype) if info else out.astype(dtype)
+            mine = np.isin(ks, shared) & (best[ks] == i)
+            out[box[0], box[1], ks[mine]] = part[:, :, mine]
+        elif (~alone).any():
+            js = [slot[int(k)] for k in ks[~alone]]
+            w = weights[i, ks[~alone]].astype(np.float32)
+            acc[box[0], box[1], js] += part[:, :, ~alone] * w
+            total[box[0], box[1], js] += w
+    if order != 0 and len(shared):
+        out[:, :, shared] = _cast(np.divide(acc, total, out=np.zeros_like(acc), where=total > 0), dtype)
 
     origin = u.min() * row_dir + v.min() * col_dir + w_min * normal
     affine_lps = np.eye(4)
