@@ -1,9 +1,10 @@
-"""The imaging environment's own commands: `case-env bench data` and `case-env bench server`."""
+"""The imaging environment's own commands: `ingest ukb`, `segment`, `bench data`, `bench server`, `bench ingest`."""
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import typer
@@ -39,13 +40,14 @@ def _register_real_data(root: typer.Typer) -> None:
         from case_env.envs.imaging.ukb.dicom import ZipError
         from case_env.envs.imaging.ukb.ingest import ingest as run
 
-        bar = tqdm(total=0, unit="visit", disable=not progress, desc="ingest")
+        # a bar on a terminal; in a log, only the problems and the summary line
+        bar = tqdm(total=0, unit="visit", disable=not (progress and sys.stderr.isatty()), desc="ingest")
 
         def step(result, done: int, total: int) -> None:
             bar.total = total
             bar.update(1)
             if result.status == "failed":
-                bar.write(f"problem: {result.problem}")
+                bar.write(f"problem: {result.problem}", file=sys.stderr)
 
         try:
             summary = run(zips, out, jobs, slice_mm, step)

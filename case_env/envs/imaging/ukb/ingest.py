@@ -17,6 +17,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import shutil
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -175,10 +176,11 @@ def ingest_visit(job: VisitJob) -> VisitResult:
         for tmp, path in written:
             tmp.replace(path)
         (written[0][0].parent).rmdir()
-    except ZipError as exc:
-        return VisitResult(job, "failed", time.perf_counter() - start, str(exc))
-    except (MemoryError, OSError) as exc:
-        return VisitResult(job, "failed", time.perf_counter() - start, f"{job.bulk.name()}: {exc}")
+    except (ZipError, MemoryError, OSError) as exc:
+        # nothing of a failed visit stays behind: the next run starts it afresh
+        shutil.rmtree(job.out / layout.anat_dir(job.subject, job.bulk.session) / PARTIAL, ignore_errors=True)
+        problem = str(exc) if isinstance(exc, ZipError) else f"{job.bulk.name()}: {exc}"
+        return VisitResult(job, "failed", time.perf_counter() - start, problem)
     study = visit.study_date.isoformat() if visit.study_date else ""
     mark = {
         **_source_stamp(job.zip_path),
