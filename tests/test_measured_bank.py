@@ -99,24 +99,25 @@ def test_bank_json_counts_every_skip_by_template_and_reason(real_shaped, tmp_pat
     )
 
 
-def test_interval_diagnosis_options_share_the_chapter_and_none_is_a_real_answer(banks):
+def test_diagnosis_options_share_one_chapter_and_none_is_a_real_answer(banks):
     rows = [r for rows in banks[0].rows.values() for r in rows]
     seen_none = seen_code = 0
     for row in rows:
         extra = json.loads(row["extra_info"]) if isinstance(row["extra_info"], str) else row["extra_info"]
-        if extra["template"] != "interval_diagnosis":
+        if extra["template"] not in ("interval_diagnosis", "prior_diagnosis"):
             continue
         correct = extra["options"][row["reward_model"]["ground_truth"]]
         codes = [normalise_code(t.split()[0]) for t in extra["options"].values() if not t.startswith("None")]
         assert len(extra["options"]) == 4 and any(
             t.startswith("None of these") for t in extra["options"].values()
         )
+        # one chapter whatever the answer, so the options' chapters never tell "none" from a code
+        assert len({chapter_of(c) for c in codes}) == 1, extra["options"]
+        assert all(imaging_visible(c) for c in codes)
         if correct.startswith("None"):
             seen_none += 1
         else:
             seen_code += 1
-            assert len({chapter_of(c) for c in codes}) == 1, extra["options"]
-            assert all(imaging_visible(c) for c in codes)
     assert seen_none and seen_code
 
 

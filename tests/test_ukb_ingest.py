@@ -239,6 +239,17 @@ def test_bad_zips_are_reported_one_by_one_and_nothing_else_is_lost(zips, tmp_pat
 
     _rewrite(good, bad / "1000006_20201_2_0.zip", other_field)
     (bad / "1000007_20204_2_0.zip").write_bytes(good.read_bytes())
+    with zipfile.ZipFile(good) as zin, zipfile.ZipFile(bad / "1000008_20201_2_0.zip", "w") as junk:
+        for name in zin.namelist():
+            junk.writestr(name, zin.read(name))
+        junk.writestr("notes.bin", b"not an image" * 20)
+    # DICOM files without the 128-byte preamble and "DICM" (as some exporters write them) still read
+    _rewrite(good, bad / "1000009_20201_2_0.zip", lambda ds: None)
+    with zipfile.ZipFile(bad / "1000009_20201_2_0.zip") as zin:
+        members = {name: zin.read(name)[132:] for name in zin.namelist()}
+    with zipfile.ZipFile(bad / "1000009_20201_2_0.zip", "w") as zout:
+        for name, raw in members.items():
+            zout.writestr(name, raw)
     before = tree_snapshot(bad)
     out = tmp_path / "root"
     result = cli("ingest", "ukb", "--zips", str(bad), "--out", str(out), "--jobs", "2", "--no-progress")
@@ -254,10 +265,11 @@ def test_bad_zips_are_reported_one_by_one_and_nothing_else_is_lost(zips, tmp_pat
     assert "1000005_20201_2_0.zip channel" in text and "pixel spacing" in text
     assert "SeriesDescription 'ShMOLLI_192i_SAX' is not a Dixon series" in text
     assert "1000007_20204_2_0.zip: field 20204, not 20201" in text
-    assert "1 visits written" in result.stdout and "6 failed" in result.stdout
+    assert "1000008_20201_2_0.zip:notes.bin: not a DICOM file" in text
+    assert "2 visits written" in result.stdout and "7 failed" in result.stdout
     assert tree_snapshot(bad) == before  # nothing written into the input
     assert (out / layout.channel_image("sub-9000001", "ses-01", "water")).exists()
-    assert [r["eid"] for r in read_tsv(out / "participants.tsv")] == ["9000001"]
+    assert [r["eid"] for r in read_tsv(out / "participants.tsv")] == ["1000009", "9000001"]
     inside = cli("ingest", "ukb", "--zips", str(bad), "--out", str(bad / "root"))
     assert inside.returncode == 2 and "never written to" in inside.stderr
 

@@ -86,19 +86,20 @@ def _visible_codes(f: PatientFacts, when: str) -> list[tuple[str, str]]:
     return out
 
 
-def _chapter_distractors(code: str, own: set[str], d: FrozenDraw, ctx: BankContext) -> list[str]:
-    """Two other participants' codes of the same chapter (the title table's when they are too few)."""
-    chapter = chapter_of(code)
-    seen = {c: t for _pid, c, t in sorted(ctx.population["codes"]) if c not in own}
-    pool = sorted(c for c in seen if chapter_of(c) == chapter)
-    if len(pool) < 2:
-        pool += sorted(
-            c for c in TITLES if imaging_visible(c) and chapter_of(c) == chapter and c not in own | set(pool)
-        )
-        seen = {**{c: TITLES[c] for c in TITLES}, **seen}
-    if len(pool) < 2:
-        raise SkipError("too few codes in the chapter", f"chapter {chapter} for {code}")
-    return [label(c, seen[c]) for c in d.shuffled("dx-chapter", pool)[:2]]
+def _chapter_codes(chapter: str, n: int, own: set[str], d: FrozenDraw, ctx: BankContext) -> list[str]:
+    """n codes of one ICD-10 chapter the participant does not have: other participants' first, then the
+    title table's imaging-visible codes."""
+    titles = {c: TITLES[c] for c in TITLES if imaging_visible(c)}
+    titles.update({c: t for _pid, c, t in sorted(ctx.population["codes"])})
+    others = sorted(
+        {c for _pid, c, _t in ctx.population["codes"] if c not in own and chapter_of(c) == chapter}
+    )
+    table = sorted(c for c in titles if chapter_of(c) == chapter and c not in own and c not in others)
+    picks = d.shuffled("dx-others", others)[:n]
+    picks += d.shuffled("dx-table", table)[: n - len(picks)]
+    if len(picks) < n:
+        raise SkipError("too few codes in the chapter", f"chapter {chapter}")
+    return [label(c, titles[c]) for c in picks]
 
 
 def _recorded_diagnosis(f: PatientFacts, d: FrozenDraw, ctx: BankContext, when: str) -> list[Draft]:
@@ -110,13 +111,13 @@ def _recorded_diagnosis(f: PatientFacts, d: FrozenDraw, ctx: BankContext, when: 
     if codes:
         code, title = codes[d.integer("dx-pick", 0, len(codes) - 1)]
         correct, category = label(code, title), code
-        distractors = [none, *_chapter_distractors(code, own, d, ctx)]
+        distractors = [none, *_chapter_codes(chapter_of(code), 2, own, d, ctx)]
     else:
+        # three codes of one chapter, drawn as often as the chapters occur among the participants' codes,
+        # so a "none" question's options look like any other's
+        chapters = sorted(chapter_of(c) for _pid, c, _t in ctx.population["codes"]) or ["XI"]
         correct, category = none, "none"
-        pool = sorted({c: t for _pid, c, t in ctx.population["codes"] if c not in own}.items())
-        if len(pool) < 3:
-            pool += sorted((c, t) for c, t in TITLES.items() if imaging_visible(c) and c not in own)
-        distractors = [label(c, t) for c, t in d.shuffled("dx", sorted(set(pool)))[:3]]
+        distractors = _chapter_codes(d.choice("dx-chapter", chapters), 3, own, d, ctx)
     if when == "interval":
         stem = (
             "Which diagnosis, first recorded between the baseline and follow-up visits, do the imaging "

@@ -147,6 +147,21 @@ def _floats(value, n: int, what: str, where: str) -> np.ndarray:
     return out
 
 
+def _read_dicom(pydicom, invalid: type[Exception], raw: bytes):
+    """A DICOM file, also one written without the 128-byte preamble (as some exporters do), but only if
+    it then reads as an image: `force` alone would accept any bytes."""
+    try:
+        return pydicom.dcmread(io.BytesIO(raw))
+    except invalid as exc:
+        try:
+            ds = pydicom.dcmread(io.BytesIO(raw), force=True)
+        except Exception:  # a forced parse of arbitrary bytes fails in many ways; the first error says it
+            raise exc from None
+        if "PixelData" not in ds or "SOPClassUID" not in ds:
+            raise exc from None
+        return ds
+
+
 def read_zip(path: Path) -> Visit:
     """The 24 series of a field-20201 zip; raises ZipError naming what is wrong."""
     pydicom = _require()
@@ -166,12 +181,13 @@ def read_zip(path: Path) -> Visit:
                 raw = archive.read(member)
             except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as exc:
                 raise ZipError(f"{where}: cannot be read from the zip (truncated or corrupt: {exc})") from exc
+            if member.filename.lower().startswith("manifest") and not raw.startswith(b"\0" * 128):
+                continue  # the download's file list, not an image
             try:
-                ds = pydicom.dcmread(io.BytesIO(raw))
-            except (InvalidDicomError, EOFError, ValueError, TypeError) as exc:
-                if member.filename.lower().startswith("manifest"):
-                    continue  # the download's file list, not an image
-                raise ZipError(f"{where}: not a DICOM file ({exc})") from exc
+                ds = _read_dicom(pydicom, InvalidDicomError, raw)
+            except (InvalidDicomError, EOFError, ValueError, TypeError, KeyError) as exc:
+                reason = str(exc).split(". Use force=True")[0]  # pydicom's advice is not the user's
+                raise ZipError(f"{where}: not a DICOM file ({reason})") from exc
             description = str(ds.get("SeriesDescription", ""))
             if protocol.channel_of(description) is None:
                 raise ZipError(
