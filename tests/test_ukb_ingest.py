@@ -385,3 +385,12 @@ def test_an_engine_without_its_weights_fails_in_one_line(source, tmp_path, monke
     assert "\n" not in message and message.startswith("TotalSegmentator failed on case0001 baseline")
     assert "cannot download the total_mr weights" in message and "TOTALSEG_HOME_DIR" in message
     assert not list((root / layout.SEGMENTATIONS).rglob("*desc-organs_dseg.nii.gz"))
+
+
+def test_ingest_without_pydicom_says_what_to_install(zips, tmp_path, monkeypatch):
+    from case_env.envs.imaging.ukb.dicom import ZipError
+
+    monkeypatch.setitem(sys.modules, "pydicom", None)  # as if the `ukb` extra were not installed
+    with pytest.raises(ZipError, match=r"needs pydicom: pip install 'case-env\[ukb\]'"):
+        ingest(zips, tmp_path / "root")
+    assert not (tmp_path / "root").exists()

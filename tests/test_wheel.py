@@ -55,13 +55,15 @@ def test_the_wheel_installs_and_runs_without_the_repository(tmp_path):
         "case_env/personas/imaging/",
         "case_env/core/",
         "case_env/medicine/",
+        "case_env/envs/imaging/ukb/",
+        "case_env/envs/imaging/bench/",
     ):
         assert any(n.startswith(package) for n in names), package
     assert not any(n.startswith(("tests/", "examples/", "tools/", "personas/")) for n in names)
     venv = tmp_path / "venv"
     _run(sys.executable, "-m", "venv", str(venv))
     python, cli = str(venv / "bin" / "python"), str(venv / "bin" / "case-env")
-    _run(python, "-m", "pip", "install", "-q", "--disable-pip-version-check", str(wheel))
+    _run(python, "-m", "pip", "install", "-q", "--disable-pip-version-check", f"{wheel}[ukb]")
     work = tmp_path / "elsewhere"  # not the repository: nothing can be imported from its folders
     work.mkdir()
     assert "Usage: case-env" in _run(cli, "--help", cwd=work)
@@ -76,3 +78,7 @@ def test_the_wheel_installs_and_runs_without_the_repository(tmp_path):
         assert reply["ok"], (env, reply)
     assert "baseline (" in replies["imaging"]["text"] and "follow_up (" in replies["imaging"]["text"]
     assert replies["casereason"]["text"].startswith(("Incorrect", "Correct"))
+    # the real-data path of an installed wheel: UK Biobank-style zips of the patient, ingested back
+    _run(cli, "synth", "--format", "ukb-dicom", "--source", str(root), "--out", str(work / "zips"), cwd=work)
+    ingested = _run(cli, "ingest", "ukb", "--zips", str(work / "zips"), "--out", str(work / "ukb"), cwd=work)
+    assert "2 visits written" in ingested

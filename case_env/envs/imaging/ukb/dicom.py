@@ -53,7 +53,7 @@ class Visit:
     patient: dict[str, str]  # PatientID, PatientSex, PatientAge as written
 
 
-def _require():
+def require_pydicom():
     try:
         import pydicom
     except ImportError as exc:  # the `ukb` extra
@@ -78,7 +78,7 @@ def write_zip(
 ) -> int:
     """One visit as a UK Biobank field-20201 zip: 24 series of axial slices, uncompressed little-endian
     MR images; returns the number of files."""
-    pydicom = _require()
+    pydicom = require_pydicom()
     from pydicom.dataset import Dataset, FileMetaDataset
     from pydicom.uid import ExplicitVRLittleEndian, generate_uid
 
@@ -164,7 +164,7 @@ def _read_dicom(pydicom, invalid: type[Exception], raw: bytes):
 
 def read_zip(path: Path) -> Visit:
     """The 24 series of a field-20201 zip; raises ZipError naming what is wrong."""
-    pydicom = _require()
+    pydicom = require_pydicom()
     from pydicom.errors import InvalidDicomError
 
     name = path.name

@@ -33,7 +33,7 @@ from case_env.envs.imaging.data import layout
 from case_env.envs.imaging.data.nifti import save_volume
 from case_env.envs.imaging.tsv import TsvError, read_tsv, write_tsv
 from case_env.envs.imaging.ukb import protocol
-from case_env.envs.imaging.ukb.dicom import ZipError, read_zip
+from case_env.envs.imaging.ukb.dicom import ZipError, read_zip, require_pydicom
 from case_env.envs.imaging.ukb.stations import GeometryError, Stitched, stitch
 
 MARKER = ".case-env-ingest.json"
@@ -305,6 +305,8 @@ def ingest(
 ) -> IngestSummary:
     """Every field-20201 zip of `zips` into the data root `out`."""
     visits, problems = plan(zips, out, slice_mm)
+    if visits:
+        require_pydicom()  # one clear line, not one failure per visit
     out.mkdir(parents=True, exist_ok=True)
     results: list[VisitResult] = []
     workers = max(1, min(jobs or os.cpu_count() or 1, len(visits) or 1))

@@ -1,0 +1,1 @@
+"""Benchmarks of the imaging environment: data layer, server under load, UK Biobank ingest."""

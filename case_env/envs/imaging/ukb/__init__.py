@@ -1,0 +1,1 @@
+"""UK Biobank downloads: zip names and protocol facts, DICOM, station stitching, ingest, segmentation."""
