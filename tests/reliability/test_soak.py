@@ -102,8 +102,10 @@ def test_soak(dataset, tmp_path, figures):
     live = [s[3] for s in samples if s[3] == s[3]]
     rate = result["calls"] / result["duration_s"]
     allowed_rss = rest_rss + (CACHE_MB + RESPONSE_CACHE_MB + MARGIN_MB) * MB
-    # the cap, plus the episodes one sweep interval can start
-    live_bound = MAX_EPISODES + rate / CALLS_PER_EPISODE * (IDLE_S / 4) * 1.5
+    # the cap, plus the episodes two sweep intervals can start: the sweep is a task on the server's event
+    # loop and runs up to an interval late when the loop is busy (a CI run peaked at 183 against a bound of
+    # one and a half intervals, 182.96)
+    live_bound = MAX_EPISODES + rate / CALLS_PER_EPISODE * (IDLE_S / 4) * 2
     figures.update(
         {
             "calls": result["calls"],
