@@ -14,7 +14,7 @@ import pytest
 
 from case_env.core.bank import write
 from case_env.envs.imaging.bank.build import build
-from case_env.envs.imaging.clinical import DIAGNOSES, load_clinical, read_clinical
+from case_env.envs.imaging.clinical import DIAGNOSES, ParticipantKeys, load_clinical, read_clinical
 from case_env.envs.imaging.data.store import PatientStore
 from case_env.envs.imaging.icd10 import chapter_of, imaging_visible, normalise_code
 from case_env.envs.imaging.synth.patient import plan_patient
@@ -152,8 +152,7 @@ def test_icd10_codes_are_read_with_or_without_the_dot(text, code):
 
 def test_clinical_tables_in_uk_biobank_shapes(dataset, tmp_path):
     store = PatientStore(dataset)
-    participants = {store.patient(p).subject: p for p in store.patient_ids()}
-    eids = {store.patient(p).fields["eid"]: p for p in store.patient_ids()}
+    keys = ParticipantKeys.of(store)
     first, second = store.patient_ids()[:2]
     eid1, eid2 = store.patient(first).fields["eid"], store.patient(second).fields["eid"]
     # wide, as a showcase export of fields 41270 (codes) and 41280 (dates), codes without the dot
@@ -163,7 +162,7 @@ def test_clinical_tables_in_uk_biobank_shapes(dataset, tmp_path):
         f"{eid1}\tK760\tI10\t2017-05-01\t2012-03-04\n"
         f"{eid2}\tR161\t\t2016-02-02\t\n"
     )
-    table = read_clinical(wide, participants, eids)
+    table = read_clinical(wide, keys)
     assert not table.problems
     assert [(r.code, r.recorded) for r in table.diagnoses[first]] == [
         ("I10", date(2012, 3, 4)),
@@ -173,14 +172,13 @@ def test_clinical_tables_in_uk_biobank_shapes(dataset, tmp_path):
     # long, comma-separated, keyed by eid
     long = tmp_path / "long.csv"
     long.write_text(f"eid,code,date\n{eid2},N28.1,2015-01-01\n{eid2},N28.1,2014-06-01\n")
-    table = read_clinical(long, participants, eids)
+    table = read_clinical(long, keys)
     assert [(r.code, r.recorded) for r in table.diagnoses[second]] == [("N28.1", date(2014, 6, 1))]
 
 
 def test_a_bad_clinical_table_row_is_named_and_the_rest_is_used(dataset, tmp_path):
     store = PatientStore(dataset)
-    participants = {store.patient(p).subject: p for p in store.patient_ids()}
-    eids = {store.patient(p).fields["eid"]: p for p in store.patient_ids()}
+    keys = ParticipantKeys.of(store)
     sub = store.patient(store.patient_ids()[0]).subject
     path = tmp_path / "diagnoses.tsv"
     path.write_text(
@@ -192,7 +190,7 @@ def test_a_bad_clinical_table_row_is_named_and_the_rest_is_used(dataset, tmp_pat
         f"{sub}\tC78.7\t1900-01-01\n"
         f"{sub}\tK99.9\t2017-01-01\n"
     )
-    table = read_clinical(path, participants, eids)
+    table = read_clinical(path, keys)
     assert [r.code for r in table.diagnoses[store.patient_ids()[0]]] == ["K76.0"]
     assert table.problems == [
         "diagnoses.tsv line 3: 'XYZ' is not an ICD-10 code (e.g. K76.0 or K760)",
@@ -203,7 +201,7 @@ def test_a_bad_clinical_table_row_is_named_and_the_rest_is_used(dataset, tmp_pat
     ]
     wrong_columns = tmp_path / "other.tsv"
     wrong_columns.write_text("person\tdiagnosis\nx\ty\n")
-    problem = read_clinical(wrong_columns, participants, eids).problems
+    problem = read_clinical(wrong_columns, keys).problems
     assert problem and "expected columns participant_id or eid, code and date" in problem[0]
 
 

@@ -16,7 +16,6 @@ and the row; the rest of the table is used.
 
 from __future__ import annotations
 
-import csv
 import json
 import re
 from collections.abc import Mapping
@@ -26,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from case_env.envs.imaging.icd10 import chapter_of, normalise_code, title_of
-from case_env.envs.imaging.tsv import TsvError, read_tsv, write_tsv
+from case_env.envs.imaging.tsv import TsvError, read_table, write_tsv
 
 if TYPE_CHECKING:
     from case_env.envs.imaging.data.store import PatientStore
@@ -81,19 +80,38 @@ def _wide_pairs(row: Mapping[str, str]) -> list[tuple[str, str]]:
     return [(codes[k], dates.get(k, "")) for k in sorted(codes, key=int)]
 
 
-def _read_csv(path: Path) -> list[dict[str, str]]:
-    """A comma-separated export (what the UK Biobank showcase and RAP tools write)."""
-    with path.open(encoding="utf-8-sig", newline="") as handle:
-        return [{k.strip(): (v or "").strip() for k, v in row.items() if k} for row in csv.DictReader(handle)]
+@dataclass(frozen=True)
+class ParticipantKeys:
+    """How a phenotype table's row names its patient: by eid (which decides when a row has both, so a
+    table made for another root keeps working), else by participant label (sub-XXXX or the public id)."""
+
+    labels: Mapping[str, str]
+    eids: Mapping[str, str]
+
+    @classmethod
+    def of(cls, store: PatientStore) -> ParticipantKeys:
+        labels, eids = {}, {}
+        for pid in store.patient_ids():
+            patient = store.patient(pid)
+            labels[patient.subject] = labels[pid] = pid
+            if patient.fields.get("eid"):
+                eids[patient.fields["eid"]] = pid
+        return cls(labels, eids)
+
+    def resolve(self, row: Mapping[str, str]) -> tuple[str, str]:
+        """(the patient id, "" when it is not in the root; how the row names it, for messages)."""
+        eid, label = row.get("eid", "").strip(), row.get("participant_id", "").strip()
+        if eid:
+            return self.eids.get(eid, ""), f"eid {eid}"
+        return self.labels.get(label, ""), f"participant {label or '(empty)'}"
 
 
-def read_clinical(path: Path, participants: Mapping[str, str], eids: Mapping[str, str]) -> ClinicalTable:
-    """Diagnoses per patient from a long or wide table. `participants` maps a participant label (sub-XXXX,
-    or the public case id) to the patient id, `eids` an eid to it."""
+def read_clinical(path: Path, keys: ParticipantKeys) -> ClinicalTable:
+    """Diagnoses per patient from a long or wide table."""
     name = path.name
     try:
-        rows = _read_csv(path) if path.suffix.lower() == ".csv" else read_tsv(path)
-    except (OSError, TsvError, UnicodeDecodeError, csv.Error) as exc:
+        rows = read_table(path)
+    except (OSError, TsvError) as exc:
         return ClinicalTable({}, [f"{name}: cannot read the clinical table ({exc})"], str(path))
     header = set(rows[0]) if rows else set()
     wide = any(_WIDE_CODE.match(c) for c in header)
@@ -112,12 +130,8 @@ def read_clinical(path: Path, participants: Mapping[str, str], eids: Mapping[str
     problems: list[str] = []
     for n, row in enumerate(rows, start=2):  # line 1 is the header
         where = f"{name} line {n}"
-        label = row.get("participant_id", "").strip()
-        eid = row.get("eid", "").strip()
-        # the eid decides when there is one: a table made for another root keeps its participant labels
-        pid = eids.get(eid, "") if eid else participants.get(label, "")
+        pid, named = keys.resolve(row)
         if not pid:
-            named = f"eid {eid}" if eid else f"participant {label or '(empty)'}"
             problems.append(f"{where}: {named} is not in the data root's participants.tsv")
             continue
         pairs = _wide_pairs(row) if wide else [(row.get("code", ""), row.get("date", ""))]
@@ -158,10 +172,4 @@ def load_clinical(store: PatientStore, path: Path | None = None) -> ClinicalTabl
     path = path or store.root / DIAGNOSES
     if not path.is_file():
         return None
-    participants, eids = {}, {}
-    for pid in store.patient_ids():
-        patient = store.patient(pid)
-        participants[patient.subject] = participants[pid] = pid
-        if patient.fields.get("eid"):
-            eids[patient.fields["eid"]] = pid
-    return read_clinical(path, participants, eids)
+    return read_clinical(path, ParticipantKeys.of(store))

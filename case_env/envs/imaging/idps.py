@@ -12,12 +12,12 @@ the same quantity (data/README.md, Volumetry): both are shown, neither is judged
 
 from __future__ import annotations
 
-import csv
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from case_env.envs.imaging.tsv import TsvError, read_tsv
+from case_env.envs.imaging.clinical import ParticipantKeys
+from case_env.envs.imaging.tsv import TsvError, read_table
 
 if TYPE_CHECKING:
     from case_env.envs.imaging.data.store import PatientStore
@@ -64,39 +64,26 @@ class IdpTable:
     source: str
 
 
-def _rows(path: Path) -> list[dict[str, str]]:
-    if path.suffix.lower() == ".csv":
-        with path.open(encoding="utf-8-sig", newline="") as handle:
-            return [{k.strip(): (v or "").strip() for k, v in r.items() if k} for r in csv.DictReader(handle)]
-    return read_tsv(path)
-
-
 def load_idps(store: PatientStore, path: Path | None = None) -> IdpTable | None:
     path = path or store.root / IDPS
     if not path.is_file():
         return None
     try:
-        rows = _rows(path)
-    except (OSError, TsvError, UnicodeDecodeError, csv.Error) as exc:
+        rows = read_table(path)
+    except (OSError, TsvError) as exc:
         return IdpTable({}, [f"{path.name}: cannot read the phenotype table ({exc})"], str(path))
-    labels, eids, sessions = {}, {}, {}
+    keys, sessions = ParticipantKeys.of(store), {}
     for pid in store.patient_ids():
-        patient = store.patient(pid)
-        labels[patient.subject] = labels[pid] = pid
-        if patient.fields.get("eid"):
-            eids[patient.fields["eid"]] = pid
-        for n, vf in enumerate(patient.visits):
+        for n, vf in enumerate(store.patient(pid).visits):
             sessions[(pid, vf.session)] = vf.visit
             sessions[(pid, f"instance {n + 2}")] = vf.visit  # instance 2 is the first imaging visit
     values: dict[tuple[str, str], dict[str, float]] = {}
     problems = []
     for n, row in enumerate(rows, start=2):
         where = f"{path.name} line {n}"
-        pid = eids.get(row.get("eid", "")) if row.get("eid") else labels.get(row.get("participant_id", ""))
+        pid, named = keys.resolve(row)
         if not pid:
-            problems.append(
-                f"{where}: participant {row.get('eid') or row.get('participant_id') or '(empty)'} is not in the data root"
-            )
+            problems.append(f"{where}: {named} is not in the data root's participants.tsv")
             continue
         key = row.get("session_id") or (f"instance {row['instance']}" if row.get("instance") else "")
         visit = sessions.get((pid, key))

@@ -6,6 +6,7 @@ instead fail with the row number, so parsing is done by hand.
 
 from __future__ import annotations
 
+import csv
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -59,3 +60,15 @@ def read_tsv(path: Path, required: Sequence[str] = ()) -> list[dict[str, str]]:
             raise TsvError(f"line {number} has {len(cells)} field(s), the header has {len(header)}")
         rows.append(dict(zip(header, cells, strict=True)))
     return rows
+
+
+def read_table(path: Path) -> list[dict[str, str]]:
+    """A TSV, or a comma-separated export when the name ends in .csv (what the UK Biobank showcase and RAP
+    tools write). Raises TsvError naming the problem."""
+    if path.suffix.lower() != ".csv":
+        return read_tsv(path)
+    try:
+        with path.open(encoding="utf-8-sig", newline="") as handle:
+            return [{k.strip(): (v or "").strip() for k, v in r.items() if k} for r in csv.DictReader(handle)]
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise TsvError(f"not a readable CSV file ({exc})") from exc

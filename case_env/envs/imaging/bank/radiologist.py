@@ -80,7 +80,10 @@ def lesion_class(f: PatientFacts, before: float | None, after: float) -> str:
 
 
 def _veto_swapped_liver(f: PatientFacts) -> None:
-    if f.liver_swapped or f.liver_partly_swapped:
+    """A manifest that knows of a fat-water swap across the liver makes its image questions ambiguous."""
+    if f.liver_partly_swapped:
+        raise SkipError("fat-water swap in part of the liver (manifest)", f"station {f.swap_station}")
+    if f.liver_swapped:
         raise SkipError("fat-water swap in the liver (manifest)", f"station {f.swap_station}")
 
 
@@ -159,11 +162,9 @@ def liver_change(f: PatientFacts, d: FrozenDraw, ctx: BankContext) -> list[Draft
 
 
 def fat_direction(f: PatientFacts, d: FrozenDraw, ctx: BankContext) -> list[Draft]:
-    if f.liver_partly_swapped:
-        raise SkipError("fat-water swap in part of the liver (manifest)", f"station {f.swap_station}")
+    if f.truth == "measured" or f.liver_partly_swapped:
+        _veto_swapped_liver(f)  # manifest truth answers a whole-liver swap: "artefact"
     if f.truth == "measured":
-        if f.liver_swapped:
-            raise SkipError("fat-water swap in the liver (manifest)", f"station {f.swap_station}")
         category = measured_fat_class(f)
     elif f.liver_swapped:
         category = "artefact"

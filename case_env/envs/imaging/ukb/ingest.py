@@ -138,8 +138,8 @@ def _sidecar(job: VisitJob, channel: str, stations, boundaries, step: float) -> 
 def ingest_visit(job: VisitJob) -> VisitResult:
     """One zip into the layout; never raises for a bad zip (the result says what is wrong)."""
     start = time.perf_counter()
-    if finished(job):
-        mark = json.loads(_marker(job).read_text(encoding="utf-8"))
+    mark = finished(job)
+    if mark:
         return VisitResult(job, "skipped", 0.0, "", mark.get("study_date", ""), mark.get("patient", {}))
     try:
         visit = read_zip(job.zip_path)

@@ -18,6 +18,7 @@ import numpy as np
 
 from case_env.envs.imaging.data.store import PatientStore
 from case_env.envs.imaging.scan_protocol import CHANNELS
+from case_env.envs.imaging.synth.clinical import synthetic_eid
 from case_env.envs.imaging.tsv import read_tsv
 from case_env.envs.imaging.ukb import protocol
 from case_env.envs.imaging.ukb.dicom import write_zip
@@ -51,7 +52,7 @@ def write_ukb_zips(
     for pid in store.patient_ids():
         patient = store.patient(pid)
         row = participants.get(patient.subject, {})
-        eid = row.get("eid") or str(9_000_001 + int(patient.subject.split("-")[1]) - 1)
+        eid = row.get("eid") or synthetic_eid(int(patient.subject.split("-")[1]) - 1)
         sessions = {
             r["session_id"]: r for r in read_tsv(source / patient.subject / f"{patient.subject}_sessions.tsv")
         }
