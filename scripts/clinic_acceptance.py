@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """The clinic environment's acceptance figures: the scripted clinician against the no-exam clinician, on
 the same synthetic cases without noise, at MedExAgent's training noise rates (patients 0.3, exam results
-0.1) and with every patient noisy and half the exam results (like its all-noise test split).
+0.1) and with every patient noisy and half the exam results (like its all-noise test split), under both
+reward profiles (medexagent, the default, and strict).
 
     .venv/bin/python scripts/clinic_acceptance.py --cases 600 --out bench-out/clinic
 
 Generates the cases, builds one bank per noise level (all cases in one split), starts `case-env serve` on
 loopback, runs `case-env eval`'s runner for both agents on every bank, and writes acceptance.json and one
-report.html with all six runs on the cost-accuracy plot.
+report.html with every run on the cost-accuracy plot.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from case_env.core import registry
 from case_env.core.bank import write
 from case_env.envs.clinic.bank import build
 from case_env.envs.clinic.noise import NoiseConfig
+from case_env.envs.clinic.reward import RewardWeights
 from case_env.envs.clinic.synth import make_cases, write_csv
 from case_env.eval.report import write_report
 from case_env.eval.runner import run_eval
@@ -36,6 +38,12 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="Case seed.")
     parser.add_argument("--noise-seed", type=int, default=42, help="Noise seed.")
     parser.add_argument("--out", type=Path, default=Path("bench-out/clinic"), help="Output directory.")
+    parser.add_argument(
+        "--profiles",
+        nargs="+",
+        default=["medexagent", "strict"],
+        help="Reward profiles to run (default both).",
+    )
     args = parser.parse_args()
     root = args.out / "root"
     cases = make_cases(args.cases, args.seed)
@@ -47,34 +55,39 @@ def main() -> None:
         args.out / "server.log",
         {"CASE_ENV_DATA_ROOT": str(root), "CASE_ENV_CLINIC_CASES": None, "CASE_ENV_TOKEN": None},
     ) as server:
-        for level, (patient, exam) in LEVELS.items():
-            noise = NoiseConfig(seed=args.noise_seed, patient_rate=patient, exam_rate=exam)
-            bank = args.out / "banks" / level.replace(" ", "-")
-            write(
-                build(cases, args.seed, (1.0, 0.0, 0.0), noise),
-                bank,
-                {"env": "clinic", "noise": noise.model_dump()},
-            )
-            for agent in AGENTS:
-                out = args.out / "runs" / f"{level.replace(' ', '-')}-{agent}"
-                (out / "trajectories.jsonl").unlink(missing_ok=True)  # a fresh run each time
-                results = run_eval(bank / "train.parquet", server.url, agent, out, progress=False)
-                figures[f"{agent} / {level}"] = {
-                    "overall": results["overall"],
-                    "by_noise": results["by_noise"],
-                }
-                runs.append((f"{agent}, {level}", results))
-                o = results["overall"]
-                print(
-                    f"{agent:10s} {level:15s} strict {o['accuracy_strict']:.3f} lenient {o['accuracy_lenient']:.3f} "
-                    f"cost {o['cost']:.2f} exams {o['exams']:.2f} turns {o['turns']:.2f} (n={o['n']})"
+        for profile in args.profiles:
+            weights = RewardWeights(profile=profile)
+            for level, (patient, exam) in LEVELS.items():
+                noise = NoiseConfig(seed=args.noise_seed, patient_rate=patient, exam_rate=exam)
+                name = f"{profile}-{level.replace(' ', '-')}"
+                bank = args.out / "banks" / name
+                write(
+                    build(cases, args.seed, (1.0, 0.0, 0.0), noise, weights),
+                    bank,
+                    {"env": "clinic", "noise": noise.model_dump(), "reward": weights.model_dump()},
                 )
+                for agent in AGENTS:
+                    out = args.out / "runs" / f"{name}-{agent}"
+                    (out / "trajectories.jsonl").unlink(missing_ok=True)  # a fresh run each time
+                    results = run_eval(bank / "train.parquet", server.url, agent, out, progress=False)
+                    figures[f"{profile} / {agent} / {level}"] = {
+                        "overall": results["overall"],
+                        "by_noise": results["by_noise"],
+                    }
+                    runs.append((f"{agent}, {level}, {profile}", results))
+                    o = results["overall"]
+                    print(
+                        f"{profile:10s} {agent:10s} {level:15s} reward {o['reward']:.3f} strict "
+                        f"{o['accuracy_strict']:.3f} lenient {o['accuracy_lenient']:.3f} tool {o['tool_match']:.3f} "
+                        f"cost {o['cost']:.3f} exam$ {o['tool_cost_total']:.2f} exams {o['exams']:.2f} (n={o['n']})"
+                    )
     write_report(args.out, registry.get("clinic"), runs, [])
     summary = {
         "cases": args.cases,
         "seed": args.seed,
         "noise_seed": args.noise_seed,
         "levels": {k: {"patient_rate": v[0], "exam_rate": v[1]} for k, v in LEVELS.items()},
+        "profiles": args.profiles,
         "seconds": round(time.perf_counter() - started, 1),
         "runs": figures,
     }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GRPO with multi-turn tools on verl 0.9.1 against a case-env server.
 #
-#   scripts/train_grpo.sh --model Qwen/Qwen2.5-VL-7B-Instruct --data bank/ [--server-url http://127.0.0.1:8000]
+#   scripts/train_grpo.sh --model Qwen/Qwen2.5-VL-7B-Instruct --data bank/ [--recipe grpo|medexagent] [--server-url URL]
 #                         [--gpus 8] [--nodes 1] [--data-root data/synthetic] [--dry-run] [extra hydra overrides]
 #
 # Starts `case-env serve` when nothing answers at --server-url and stops it afterwards. --dry-run composes

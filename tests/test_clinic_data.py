@@ -6,7 +6,6 @@ from __future__ import annotations
 import csv
 import json
 from collections import Counter
-from dataclasses import replace
 
 import pytest
 
@@ -18,12 +17,15 @@ from case_env.medicine.exams import EXAMS, ExamError, exam_call, parse_exam_stri
 
 def test_exam_strings_parse_to_one_canonical_form():
     a = parse_exam_string('ct(region="chest", contrast="yes")')
-    b = parse_exam_string("ct(contrast='YES', region=chest)")
+    b = parse_exam_string('ct(contrast="YES", region="chest")')
     assert a == b and a.key() == 'ct(contrast="yes", region="chest")'
     assert parse_exam_string("cbc") == parse_exam_string("cbc()") == exam_call("cbc", {})
-    # a left-out contrast is a non-contrast study, and an alias names the catalogue exam
-    assert parse_exam_string('ct(region="head")') == parse_exam_string('ct(region="head", contrast="no")')
-    assert parse_exam_string("echocardiography()").name == "echocardiogram"
+    # as MedExAgent's executor keys its exams: a left-out contrast is another exam, and both echo tools exist
+    assert parse_exam_string('ct(region="head")') != parse_exam_string('ct(region="head", contrast="no")')
+    assert parse_exam_string("echocardiography()").name == "echocardiography"
+    assert (
+        parse_exam_string("blood_gas(arterial)").key() == 'blood_gas(type="arterial")'
+    )  # its positional form
     assert a.describe() == "CT scan (contrast yes, region chest)"
 
 
@@ -33,8 +35,12 @@ def test_exam_strings_parse_to_one_canonical_form():
         ("mri_brain_special()", "unknown exam 'mri_brain_special'"),
         ('xray(region="moon")', "xray region must be one of head, neck, chest"),
         ("xray()", "xray needs region"),
-        ('cbc(region="chest")', "cbc does not take region (it takes no parameters)"),
+        ('bmp(region="chest")', "bmp does not take region (it takes no parameters)"),
         ("ct(region=", "not an exam call"),
+        (
+            "ct(contrast='yes', region=chest)",
+            "cannot read the arguments",
+        ),  # MedExAgent reads only key="value"
     ],
 )
 def test_an_exam_the_catalogue_cannot_express_is_refused_by_name(text, problem):
@@ -82,7 +88,7 @@ def test_synthetic_cases_round_trip_through_the_csv_and_jsonl_loaders(tmp_path):
     from_jsonl = read_jsonl(tmp_path / "clinic_synthetic.jsonl")
     assert from_csv.problems == from_jsonl.problems == []
     assert from_csv.cases == cases
-    assert [replace(c, persona=None) for c in from_jsonl.cases] == cases  # the JSONL also carries a persona
+    assert from_jsonl.cases == cases  # the JSONL carries the persona the CSV row is given
     assert all(1 <= len(c.exams) <= 9 for c in cases)
     assert {c.data_source for c in cases} == {"clinic_synthetic"}
 
@@ -155,8 +161,8 @@ def test_eval_jsonl_exams_come_from_tool_calls_answered_by_tool_messages(tmp_pat
         "demographics": {"age": 33, "gender": "F", "race": "", "additional_demographics": ""},
         "patient_persona": {
             "personality": {"key": "impatient", "label": "Impatient"},
-            "language_proficiency": {"key": "A"},
-            "recall": {"key": "low"},
+            "language_proficiency": {"key": "level_a", "label": "Level A (Low)"},  # MedExAgent's keys
+            "medical_history_recall": {"key": "low", "label": "Low"},
         },
         "conversation": [
             {"role": "system", "content": "..."},
@@ -225,18 +231,26 @@ def test_clinic_bank_rows_follow_the_schema_and_hide_the_answer(tmp_path):
             assert row["data_source"] == "clinic_synthetic" and row["agent_name"] == "tool_agent"
             assert row["reward_model"]["ground_truth"] == case.diagnosis == extra["ground_truth"]
             assert set(extra["tools_kwargs"]) == set(registry.get("clinic").tools)
+            row_noise = extra["tools_kwargs"]["ask_patient"]["create_kwargs"]["noise"]
             assert all(
-                v["create_kwargs"] == {"patient_id": case.case_id, "noise": noise.model_dump()}
+                v["create_kwargs"] == {"patient_id": case.case_id, "noise": row_noise}
                 for v in extra["tools_kwargs"].values()
             )
-            assert extra["tool_selection"] == ["ask_patient", "order_exam"]
-            assert extra["clinic"]["exams"] == [e.call.key() for e in case.exams]
+            assert row_noise["mode"] == "dataset" and row_noise["patient_rate"] == 0.5
+            workup = list(dict.fromkeys(e.call.name for e in case.exams))
+            offered = extra["tool_selection"][1:]
+            assert extra["tool_selection"][0] == "ask_patient" and set(workup) <= set(offered)
+            assert len(offered) == len(workup) + 5 and "other" not in offered  # the work-up + 5 distractors
+            assert extra["clinic"]["exams"] == [e.spelled for e in case.exams]
             noisy += bool(extra["noise"]["labels"])
-            systems.add(row["prompt"][0]["content"])  # the same for every case: it cannot leak one
-            prompt = row["prompt"][1]["content"].lower()
-            assert case.diagnosis.lower() not in prompt  # neither the answer ...
-            assert case.symptoms.split(".")[0].lower() not in prompt  # ... nor the patient's symptoms ...
+            system = row["prompt"][0]["content"]
+            systems.add(system)
+            assert all(f"- Name: {name}\n" in system for name in offered)
+            head = system.split("AVAILABLE EXAMINATIONS")[0]  # the exam list's values may name a disease
+            assert "[DIAGNOSIS:" in system and case.diagnosis.lower() not in head.lower()
+            prompt = head.lower() + row["prompt"][1]["content"].lower()
+            assert case.symptoms.split(".")[0].lower() not in prompt  # neither the patient's symptoms ...
             assert not any(e.findings.lower() in prompt for e in case.exams)  # ... nor any finding
-            assert f"{case.age} years old" in prompt and "order_exam" not in row["prompt"][1]["content"]
-            assert "- biopsy(site): biopsy; cost high, discomfort high" in row["prompt"][0]["content"]
-    assert 10 <= noisy <= 34 and len(systems) == 1
+            assert f"{case.age} years old" in prompt and "order_exam" not in prompt
+    # MedExAgent's dataset-level draw: exactly round(40 x 0.5) noisy patients, whatever the exam noise adds
+    assert noisy >= 20 and len(systems) == 40

@@ -63,13 +63,16 @@ def test_rule_patient_reveals_gradually_and_answers_what_is_asked():
 
 
 def test_answers_depend_only_on_the_case_plan_question_and_history():
-    plan = plan_noise(MI, NoiseConfig(seed=5, patient_rate=1.0))
+    plan = plan_noise(MI, NoiseConfig(mode="per_case", seed=5, patient_rate=1.0))
     first = converse(RulePatient(MI, plan))
-    assert converse(RulePatient(MI, plan_noise(MI, NoiseConfig(seed=5, patient_rate=1.0)))) == first
+    assert (
+        converse(RulePatient(MI, plan_noise(MI, NoiseConfig(mode="per_case", seed=5, patient_rate=1.0))))
+        == first
+    )
     # a fresh interpreter (another worker) gives the same answers: no hash seeds or process state involved
     code = (
         "from tests.test_clinic_patient import *; "
-        "print(converse(RulePatient(MI, plan_noise(MI, NoiseConfig(seed=5, patient_rate=1.0)))))"
+        "print(converse(RulePatient(MI, plan_noise(MI, NoiseConfig(mode='per_case', seed=5, patient_rate=1.0)))))"
     )
     other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert other.strip() == str(first)
@@ -113,7 +116,7 @@ def _plan(kind: str, **kw) -> NoisePlan:
 def test_each_unit_bound_patient_noise_distorts_its_symptom_every_time_it_is_told(kind, unit, told):
     plan = None
     for seed in range(200):  # the plan draws 1-3 types: find a seed that draws this one
-        candidate = plan_noise(PLAIN, NoiseConfig(seed=seed, patient_rate=1.0))
+        candidate = plan_noise(PLAIN, NoiseConfig(mode="per_case", seed=seed, patient_rate=1.0))
         if any(n.kind == kind and n.unit == unit for n in candidate.patient):
             plan = candidate
             break
@@ -156,7 +159,7 @@ def test_turn_bound_patient_noise_fires_on_its_turn_only():
 
 
 def test_plans_are_per_case_and_seed_and_follow_the_rates():
-    config = NoiseConfig(seed=42, patient_rate=0.3, exam_rate=0.1)
+    config = NoiseConfig(mode="per_case", seed=42, patient_rate=0.3, exam_rate=0.1)
     plans = [plan_noise(c, config) for c in CASES]
     assert [p.metadata(c) for p, c in zip(plans, CASES, strict=True)] == [
         plan_noise(c, config).metadata(c) for c in CASES
@@ -166,11 +169,18 @@ def test_plans_are_per_case_and_seed_and_follow_the_rates():
     noisy_exams = sum(len(p.exams) for p in plans) / exams
     assert 0.18 < noisy_patients < 0.42 and 0.04 < noisy_exams < 0.18
     assert all(1 <= len(p.patient) <= 3 for p in plans if p.patient)
-    assert not any(plan_noise(c, NoiseConfig(seed=42)).kinds() for c in CASES)  # rates 0: no noise
-    other = [plan_noise(c, NoiseConfig(seed=43, patient_rate=0.3, exam_rate=0.1)).kinds() for c in CASES]
+    assert not any(
+        plan_noise(c, NoiseConfig(mode="per_case", seed=42)).kinds() for c in CASES
+    )  # rates 0: no noise
+    other = [
+        plan_noise(c, NoiseConfig(mode="per_case", seed=43, patient_rate=0.3, exam_rate=0.1)).kinds()
+        for c in CASES
+    ]
     assert other != [p.kinds() for p in plans]
     everything = {
-        k for c in CASES for k in plan_noise(c, NoiseConfig(seed=1, patient_rate=1, exam_rate=1)).kinds()
+        k
+        for c in CASES
+        for k in plan_noise(c, NoiseConfig(mode="per_case", seed=1, patient_rate=1, exam_rate=1)).kinds()
     }
     assert everything == {f"patient:{k}" for k in PATIENT_NOISE} | {f"exam:{k}" for k in EXAM_NOISE}
 
@@ -178,8 +188,8 @@ def test_plans_are_per_case_and_seed_and_follow_the_rates():
 @pytest.mark.parametrize("kind", EXAM_NOISE)
 def test_each_exam_noise_type(kind):
     findings = "Right lower lobe consolidation with air bronchograms, small effusion."
-    noisy = noisy_findings(findings, kind, "case-1", 0, seed=7)
-    assert noisy == noisy_findings(findings, kind, "case-1", 0, seed=7) and noisy != findings
+    noisy = noisy_findings(findings, kind, "case-1", 0, seed=7, mode="per_case")
+    assert noisy == noisy_findings(findings, kind, "case-1", 0, seed=7, mode="per_case") and noisy != findings
     if kind == "body_part_swap":
         assert noisy == "Left lower lobe consolidation with air bronchograms, small effusion."
     elif kind == "omission":
@@ -188,6 +198,6 @@ def test_each_exam_noise_type(kind):
         assert findings in noisy and ("equivocal" in noisy or "caution" in noisy)
     # nothing to swap or drop: the result becomes ambiguous instead
     if kind != "ambiguity":
-        assert "equivocal" in noisy_findings("Normal.", kind, "case-1", 0, 7) or "caution" in noisy_findings(
-            "Normal.", kind, "case-1", 0, 7
-        )
+        assert "equivocal" in noisy_findings(
+            "Normal.", kind, "case-1", 0, 7, "per_case"
+        ) or "caution" in noisy_findings("Normal.", kind, "case-1", 0, 7, "per_case")

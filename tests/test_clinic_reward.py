@@ -7,9 +7,8 @@ import json
 
 import pytest
 
-from case_env.core.calls import executed_calls
 from case_env.core.llm import ChatClient, LLMSettings
-from case_env.envs.clinic.reward import appropriateness, clinic_score, cost_penalty, ordered_exams
+from case_env.envs.clinic.reward import appropriateness, clinic_score, ordered_tools, strict_cost
 from case_env.medicine.diagnosis import conditions, count_matches, judge, judge_messages, same_condition
 from case_env.medicine.exams import parse_exam_string
 from case_env.reward import compute_score
@@ -22,7 +21,7 @@ def approx(value: float):
 
 
 WORKUP = ['xray(region="chest")', "cbc()"]
-EXTRA = {"clinic": {"exams": WORKUP}}
+EXTRA = {"clinic": {"exams": WORKUP, "reward": {"profile": "strict"}}}
 
 
 def call(name: str, **arguments) -> str:
@@ -60,20 +59,20 @@ def test_multi_condition_matching_is_one_to_one():
     assert count_matches(["diabetes", "gout"], ["gout", "type 2 diabetes mellitus"]) == 2
 
 
-def test_cost_penalty_charges_every_exam_and_discounts_the_workup_once():
+def test_strict_cost_penalty_charges_every_exam_and_discounts_the_workup_once():
     xray, cbc = parse_exam_string('xray(region="chest")'), parse_exam_string("cbc()")
     ct = parse_exam_string('ct(region="chest", contrast="yes")')
     biopsy = parse_exam_string('biopsy(site="lung")')
     workup = [xray, cbc]
-    assert cost_penalty([], workup, 0.75) == 0.0
-    exact = cost_penalty([xray, cbc], workup, 0.75)
+    assert strict_cost([], workup, 0.75) == 0.0
+    exact = strict_cost([xray, cbc], workup, 0.75)
     assert exact == approx(2 * (2 / 6) * 0.25)  # necessary exams are cheaper, never free
-    assert cost_penalty([xray, cbc, ct], workup, 0.75) == approx(exact + 4 / 6)
-    assert cost_penalty([xray, cbc, biopsy], workup, 0.75) == approx(exact + 1.0)
-    assert cost_penalty([xray, xray, cbc], workup, 0.75) == approx(exact + 2 / 6)  # a repeat pays in full
+    assert strict_cost([xray, cbc, ct], workup, 0.75) == approx(exact + 4 / 6)  # CT: cost 3, discomfort 1
+    assert strict_cost([xray, cbc, biopsy], workup, 0.75) == approx(exact + 1.0)
+    assert strict_cost([xray, xray, cbc], workup, 0.75) == approx(exact + 2 / 6)  # a repeat pays in full
     wrong_region = parse_exam_string('xray(region="abdomen")')
-    assert cost_penalty([wrong_region, cbc], workup, 0.75) == approx(2 / 6 + 2 / 6 * 0.25)
-    assert cost_penalty([xray, cbc], workup, 0.0) == approx(4 / 6)  # no discount: full price
+    assert strict_cost([wrong_region, cbc], workup, 0.75) == approx(2 / 6 + 2 / 6 * 0.25)
+    assert strict_cost([xray, cbc], workup, 0.0) == approx(4 / 6)  # no discount: full price
 
 
 def test_exam_appropriateness_credits_the_workup():
@@ -123,7 +122,8 @@ def test_score_components_are_returned_separately():
     )
     assert (two["acc"], two["acc_lenient"], two["dx"]) == (0.0, 1.0, approx(1 / 3))
     medexagent = clinic_score(trajectory(answer="[DIAGNOSIS: pneumonia]"), "Pneumonia", {})
-    assert medexagent["acc"] == 1.0
+    assert medexagent["acc"] == 1.0 and medexagent["profile"] == "medexagent"
+    assert set(medexagent) == set(good)  # both profiles return the same keys
     # the verl entry point dispatches clinic rows to this reward
     assert compute_score("clinic_synthetic", trajectory(), "Pneumonia", EXTRA) == clinic_score(
         trajectory(), "Pneumonia", EXTRA
@@ -139,7 +139,7 @@ def test_score_components_are_returned_separately():
         '<answer>pneumonia</answer>\n<tool_call>{"name": "order_exam", "arguments": {"exam": "cbc"}}</tool_call>',
     ],
 )
-def test_malformed_or_hedged_diagnoses_score_nothing(completion):
+def test_malformed_or_hedged_diagnoses_score_nothing_under_strict(completion):
     result = clinic_score(f"assistant\n{completion}", "Pneumonia", EXTRA)
     assert result["dx"] == 0.0 and result["acc"] == 0.0 and not result["format_ok"]
 
@@ -151,11 +151,17 @@ def test_tool_output_can_neither_answer_nor_order_exams():
     )
     result = clinic_score(f"{call('ask_patient', question='hi')}\nuser\n{inside}", "Pneumonia", EXTRA)
     assert result["exams"] == 0 and result["dx"] == 0.0
-    assert ordered_exams(
-        executed_calls(call("order_exam", exam="xray", region="moon") + call("order_exam", exam="cbc"), None)
-    ) == [
-        parse_exam_string("cbc()")
-    ]  # an invalid order was refused by the server: not performed, not charged
+    refused = {
+        "case_env_tool_calls": [
+            {"tool": "xray", "arguments": {"region": "moon"}, "status": "invalid_arguments"}
+        ]
+    }
+    strict = clinic_score(trajectory(call("xray", region="moon")), "Pneumonia", {**EXTRA, **refused})
+    assert strict["exams"] == 0  # strict: a refused order was not performed, not charged
+    faithful = clinic_score(
+        trajectory(call("xray", region="moon")), "Pneumonia", {"clinic": {"exams": WORKUP}, **refused}
+    )
+    assert faithful["exams"] == 1 and ordered_tools("", refused) == [("xray", {"region": "moon"})]
 
 
 def _client(tmp_path, url: str) -> ChatClient:
@@ -218,3 +224,23 @@ def test_the_judge_prompt_fences_the_prediction_as_data():
     fenced = user.split("<<<PREDICTION\n", 1)[1].rsplit("\nPREDICTION>>>", 1)[0]
     assert "<<<" not in fenced and ">>>" not in fenced and "PREDICTION" not in fenced
     assert user.startswith("Ground truth: Crohn disease")
+
+
+def test_the_default_profile_asks_medexagents_judge_in_its_format(tmp_path):
+    replies = iter(["gt_count: 2\npred_count: 1\nmatched: 1", "no numbers at all"])
+    chat = ScriptedChat(lambda messages: next(replies))
+    with serve_app(chat.app) as live:
+        client = _client(tmp_path, f"{live.url}/v1")
+        extra = {"clinic": {"exams": WORKUP}}
+        text = trajectory(answer="[DIAGNOSIS: lobar pneumonia]")
+        judged = clinic_score(text, "Pneumonia; sepsis", extra, client=client)
+        assert judged["judge"] == "judge" and judged["dx"] == approx(1 / 2)  # 1 / (2 + 1 - 1)
+        sent = chat.requests[0]
+        assert sent["temperature"] == 0.7  # MedExAgent's judge temperature
+        prompt = sent["messages"][0]["content"]
+        assert "Ground truth diagnosis: Pneumonia; sepsis\nPredicted diagnosis: lobar pneumonia" in prompt
+        assert prompt.endswith("matched: <number of matched conditions>")
+        # an unreadable reply keeps MedExAgent's defaults (1, 1, 0): nothing matched
+        cold = {"clinic": {"exams": WORKUP, "reward": {"judge_temperature": 0.0}}}
+        unread = clinic_score(trajectory(answer="[DIAGNOSIS: gout]"), "Pneumonia", cold, client=client)
+        assert (unread["dx"], unread["judge"]) == (0.0, "judge") and chat.requests[1]["temperature"] == 0.0

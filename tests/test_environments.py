@@ -15,6 +15,7 @@ import pytest
 
 from case_env.core import registry
 from case_env.core.calls import FIELD, ExecutedCall, call_text, executed_calls, written_calls
+from case_env.medicine.exams import EXAMS
 from case_env.reward import compute_score
 from tests.server_harness import live_server
 
@@ -71,7 +72,7 @@ def test_case_env_envs_lists_every_environment():
     listed = json.loads(done.stdout)["environments"]
     assert set(listed) >= BUILT_IN
     assert listed["imaging"]["personas"]["radiologist"] == ["medpanel_v2_opsd"]
-    assert listed["clinic"]["tools"] == ["ask_patient", "order_exam"]
+    assert listed["clinic"]["tools"] == ["ask_patient", *EXAMS, "order_exam"]  # MedExAgent's 67 exam tools
     assert listed["casereason"]["data_sources"] == ["casereason"]
 
 
@@ -106,7 +107,7 @@ def test_score_answers_200_with_the_common_keys_for_every_environment(server, en
 def test_tools_are_listed_per_environment(server):
     everything = httpx.get(f"{server.url}/v1/tools", timeout=10).json()
     clinic = httpx.get(f"{server.url}/v1/tools", params={"env": "clinic"}, timeout=10).json()
-    assert {t["name"] for t in clinic["tools"]} == {"ask_patient", "order_exam"}
+    assert {t["name"] for t in clinic["tools"]} == {"ask_patient", "order_exam", *EXAMS}
     assert {t["env"] for t in clinic["tools"]} == {"clinic"}
     assert [e["name"] for e in clinic["environments"]] == ["clinic"]
     assert (

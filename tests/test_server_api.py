@@ -19,6 +19,7 @@ from case_env.bench.process import ServerProcess, free_port
 from case_env.core import registry
 from case_env.core.tools import ToolResult, ToolSpec, function_parameters
 from case_env.envs.imaging.data import layout
+from case_env.medicine.exams import EXAMS
 from case_env.server.episodes import Call, EpisodeStore
 from tests.server_harness import live_server, with_tools
 from tests.test_data_store import SUB, copy_patient
@@ -259,7 +260,9 @@ def test_tool_listing(server):
         "ask_patient",
         "order_exam",
         "submit_diagnosis",
+        *EXAMS,
     }
+    assert all(tools[name]["personas"] == ["clinician"] for name in EXAMS)
     assert tools["ask_patient"]["personas"] == tools["order_exam"]["personas"] == ["clinician"]
     assert tools["submit_diagnosis"]["personas"] == ["diagnostician"]
     assert tools["list_visits"]["personas"] == ["anatomist", "radiologist", "consultant"]
@@ -268,9 +271,15 @@ def test_tool_listing(server):
     assert tools["read_report"]["personas"] == ["consultant"]
     assert tools["get_organ_volume"]["personas"] == ["anatomist", "consultant"]
     assert tools["render_slice"]["personas"] == ["anatomist", "radiologist"]
-    for tool in tools.values():
+    for name, tool in tools.items():
         function = tool["schema"]["function"]
-        assert tool["schema"]["type"] == "function" and len(function["description"]) > 60
+        # MedExAgent's exam tools carry its own one-line descriptions; ours say more
+        described = (
+            function["description"] == EXAMS[name].description
+            if name in EXAMS
+            else len(function["description"]) > 60
+        )
+        assert tool["schema"]["type"] == "function" and described
         for prop in function["parameters"]["properties"].values():
             assert set(prop) <= {"type", "description", "enum"} and prop["description"]
             assert prop["type"] in ("string", "number", "integer", "boolean")

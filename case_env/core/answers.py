@@ -12,7 +12,7 @@ import re
 
 TOOL_RESPONSE_END = "</tool_response>"
 _THINK = re.compile(r"<think>.*?(</think>|$)", re.DOTALL)
-_TOOL_RESPONSE = re.compile(r"<tool_response>.*?(?:</tool_response>|$)", re.DOTALL)
+TOOL_RESPONSE = re.compile(r"<tool_response>.*?(?:</tool_response>|$)", re.DOTALL)
 ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
 ANSWER_LINE = re.compile(r"(?im)^[ \t*_#]*(?:final\s+)?answer\s*[:：]\s*(.+?)\s*$")
@@ -28,7 +28,7 @@ def final_segment(solution_str: str) -> str:
 
 def model_text(solution_str: str) -> str:
     """The trajectory without its tool responses: only what the model itself wrote."""
-    return _TOOL_RESPONSE.sub("", solution_str or "")
+    return TOOL_RESPONSE.sub("", solution_str or "")
 
 
 def last_answer(text: str, forms: tuple[re.Pattern, ...] = ANSWER_FORMS) -> str | None:

@@ -22,7 +22,7 @@ from case_env.core.answers import model_text
 
 FIELD = "case_env_tool_calls"
 FORMATS = ("hermes", "qwen3_coder")
-_TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 _FUNCTION = re.compile(r"<function=([^>\n]*)>(.*?)(?:</function>|$)", re.DOTALL)
 _PARAMETER = re.compile(r"<parameter=([^>\n]*)>(.*?)(?:</parameter>|$)", re.DOTALL)
 
@@ -120,7 +120,7 @@ def written_calls(solution_str: str, schemas: dict[str, dict] | None = None) -> 
     """(name, arguments) of every tool call the model wrote, in order, in either format. `schemas` maps a
     tool name to its parameters' properties, for typing XML values (strings without it)."""
     calls = []
-    for body in _TOOL_CALL.findall(model_text(solution_str)):
+    for body in TOOL_CALL.findall(model_text(solution_str)):
         call = _xml_call(body, schemas or {}) if "<function=" in body else _json_call(body)
         if call is not None:
             calls.append(call)

@@ -1,8 +1,10 @@
-"""A small client for OpenAI-compatible chat endpoints, at temperature 0 and with a persistent cache.
+"""A small client for OpenAI-compatible chat endpoints, at temperature 0 by default and with a persistent cache.
 
-Used where an environment may consult a language model (a simulated patient, a diagnosis judge). Rewards must not drift between runs and a GRPO group must see one answer, so every request is
-deterministic in what we control (temperature 0, fixed max tokens) and every answer is cached on disk by
-a hash of (model, messages, parameters): the second time the same question is asked, the endpoint is not.
+Used where an environment may consult a language model (a simulated patient, a diagnosis judge). Rewards must
+not drift between runs and a GRPO group must see one answer, so every answer is cached on disk by a hash of
+(model, messages, parameters): the second time the same question is asked, the endpoint is not. A caller
+reproducing a published system may sample at its temperature (MedExAgent's patient and judge ran at 0.7); the
+cache then keeps the first sample, so the reward stays a function of the trajectory.
 A failure (timeout, HTTP error, malformed reply) returns None and is never cached; callers fall back to
 their deterministic rules.
 """
@@ -32,6 +34,9 @@ class LLMSettings(BaseModel):
     api_key_env: str = Field("OPENAI_API_KEY", description="Environment variable holding the API key.")
     timeout_s: float = Field(10.0, gt=0, description="Per-request timeout; past it the caller falls back.")
     max_tokens: int = Field(256, ge=1, description="Longest reply.")
+    temperature: float = Field(
+        0.0, ge=0, le=2, description="Sampling temperature; a cached reply is reused at any temperature."
+    )
     cache_path: Path | None = Field(None, description="SQLite cache file; None keeps the cache in memory.")
 
 
@@ -59,12 +64,16 @@ class ChatClient:
         self._db.execute("CREATE TABLE IF NOT EXISTS replies (key TEXT PRIMARY KEY, text TEXT NOT NULL)")
         self.requests = 0  # sent to the endpoint (cache misses), for metrics and tests
 
-    def _key(self, messages: list[dict]) -> str:
-        blob = json.dumps([self.settings.model, self.settings.max_tokens, 0, messages], sort_keys=True)
+    def _key(self, messages: list[dict], temperature: float) -> str:
+        blob = json.dumps(
+            [self.settings.model, self.settings.max_tokens, temperature, messages], sort_keys=True
+        )
         return hashlib.blake2b(blob.encode(), digest_size=16).hexdigest()
 
-    def complete(self, messages: list[dict]) -> Reply | None:
-        key = self._key(messages)
+    def complete(self, messages: list[dict], temperature: float | None = None) -> Reply | None:
+        """The reply to `messages` (at the settings' temperature unless one is given), or None on failure."""
+        temperature = self.settings.temperature if temperature is None else temperature
+        key = self._key(messages, temperature)
         with self._lock:
             row = self._db.execute("SELECT text FROM replies WHERE key = ?", (key,)).fetchone()
         if row is not None:
@@ -72,7 +81,7 @@ class ChatClient:
         body = {
             "model": self.settings.model,
             "messages": messages,
-            "temperature": 0,
+            "temperature": temperature,
             "max_tokens": self.settings.max_tokens,
         }
         self.requests += 1

@@ -4,6 +4,8 @@ A tool is a module in an environment's tool package (`tools/<env>/`, installed a
 with `NAME`, `DESCRIPTION`, `PERSONAS`, a pydantic `Args` model and `run(ctx, args) -> ToolResult`;
 optionally `RENDERS = True` (it draws images, so it runs in the render pool) and `REMEMBER = True` (later
 calls of the same episode need its answer, so the caller keeps it; see `Environment.episode_context`).
+A module may instead define `TOOLS`, a list of `ToolSpec` built from a table (`tool_spec` makes one), when
+many tools share one handler and differ only in data.
 Tools are pure functions of (case data, arguments, episode context): the case comes from the call, never
 from an argument, so no tool schema has a patient field and any worker can answer any call.
 
@@ -183,17 +185,29 @@ def describe_invalid(exc: ValidationError, spec: ToolSpec) -> str:
     return f"invalid arguments for {spec.name}: " + "; ".join(problems)
 
 
-def spec_from_module(module: Any) -> ToolSpec:
-    args = module.Args
+def tool_spec(
+    name: str,
+    description: str,
+    personas: tuple[str, ...],
+    args: type[BaseModel],
+    run: Handler,
+    renders: bool = False,
+    remember: bool = False,
+) -> ToolSpec:
+    """One tool, checked: its Args forbid extra fields and hold scalars and enums only."""
     if args.model_config.get("extra") != "forbid":
-        raise TypeError(f"tool {module.NAME}: Args must forbid extra fields")
-    return ToolSpec(
+        raise TypeError(f"tool {name}: Args must forbid extra fields")
+    parameters = function_parameters(name, args)
+    return ToolSpec(name, description, tuple(personas), args, run, parameters, renders, remember)
+
+
+def spec_from_module(module: Any) -> ToolSpec:
+    return tool_spec(
         module.NAME,
         module.DESCRIPTION,
         tuple(str(p) for p in module.PERSONAS),
-        args,
+        module.Args,
         module.run,
-        function_parameters(module.NAME, args),
         getattr(module, "RENDERS", False),
         getattr(module, "REMEMBER", False),
     )
@@ -206,8 +220,12 @@ def load_tools(package: str) -> dict[str, ToolSpec]:
     for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
         if info.name.startswith("_") or info.ispkg:
             continue
-        spec = spec_from_module(importlib.import_module(f"{package}.{info.name}"))
-        specs[spec.name] = spec
+        module = importlib.import_module(f"{package}.{info.name}")
+        # A family module builds many tools from one table (`TOOLS`, a list of ToolSpec) instead of one.
+        for spec in getattr(module, "TOOLS", None) or [spec_from_module(module)]:
+            if spec.name in specs:
+                raise TypeError(f"tool {spec.name} is defined twice in {package}")
+            specs[spec.name] = spec
     return specs
 
 

@@ -103,12 +103,18 @@ class _Rollouts:
         turns: list[Turn] = []
         seen: list[Observation] = []
         calls: list[ExecutedCall] = []
+        offered = {t["function"]["name"] for t in tools}
         for _ in range(variant.max_turns or self.max_turns):
             turn = await loop.run_in_executor(self.pool, policy.next_turn, list(seen))
             turns.append(turn)
             if turn.final:
                 break
             name, arguments = turn.call
+            if tools and name not in offered:
+                # As verl's ToolAgentLoop does: a tool the row does not offer is refused before any call.
+                refusal = f"Unknown function '{name}'. Available tools: {sorted(offered)}"
+                seen.append(Observation(name, arguments, refusal, None, None, False))
+                continue
             body = {"episode_id": episode_id, "patient_id": patient, "arguments": arguments}
             context = self.env.episode_context(create, calls)
             if context is not None:

@@ -44,39 +44,39 @@ FAMILIES = {f.name: f for f in (
     Family("chest_pain", "chest", "I have a {severity} {descriptor} pain in my {part}",
            ("I get short of breath", "I feel sweaty and clammy", "my heart feels like it is racing"),
            {'ecg()': "Sinus rhythm at 84 beats per minute, normal axis, no ST-segment or T-wave changes.",
-            'cardiac_markers(target="troponin")': "High-sensitivity troponin I 6 ng/L (reference < 14 ng/L).",
+            'cardiac_enzyme(marker="troponin")': "High-sensitivity troponin I 6 ng/L (reference < 14 ng/L).",
             'xray(region="chest")': "Clear lungs, normal cardiomediastinal silhouette, no pneumothorax.",
             'cbc()': "Haemoglobin 13.9 g/dL, white cells 7.8 x10^9/L, platelets 254 x10^9/L."}),
     Family("cough_fever", "chest", "I have had a {severity} {descriptor} cough",
            ("I have a fever", "I feel very tired", "I get short of breath"),
            {'xray(region="chest")': "Clear lungs without consolidation, effusion or mass.",
             'cbc()': "White cells 8.1 x10^9/L with a normal differential; haemoglobin 13.5 g/dL.",
-            'inflammatory_markers(target="crp")': "CRP 4 mg/L (reference < 5 mg/L).",
+            'inflammatory_marker(marker="crp")': "CRP 4 mg/L (reference < 5 mg/L).",
             'culture(source="sputum")': "Normal respiratory flora only."}),
     Family("abdominal_pain", "belly", "I have a {severity} {descriptor} pain in my {part}",
            ("I feel sick to my stomach", "I threw up", "I have a fever"),
            {'ultrasound(region="abdomen")': "Normal liver, gallbladder, pancreas and kidneys; no free fluid.",
-            'blood_test(target="lipase")': "Lipase 32 U/L (reference 10-60 U/L).",
+            'blood_test(test="lipase")': "Lipase 32 U/L (reference 10-60 U/L).",
             'cbc()': "White cells 8.9 x10^9/L, haemoglobin 14.1 g/dL.",
             'urinalysis()': "No blood, leukocytes or nitrites."}),
     Family("headache", "head", "I have a {severity} {descriptor} headache",
            ("light hurts my eyes", "I feel sick to my stomach", "my neck feels stiff"),
            {'ct(contrast="no", region="head")': "No haemorrhage, mass effect or acute infarct.",
             'csf_analysis()': "Clear fluid, 2 white cells/uL, protein 0.35 g/L, glucose 3.6 mmol/L.",
-            'inflammatory_markers(target="esr")': "ESR 12 mm/h.",
+            'inflammatory_marker(marker="esr")': "ESR 12 mm/h.",
             'mri(contrast="yes", region="head")': "Normal brain parenchyma without enhancing lesions."}),
     Family("fatigue", "whole body", "I feel {descriptor} and worn out all the time, and it is {severity}",
            ("I have no energy", "I get dizzy when I stand up", "I have been losing weight"),
            {'cbc()': "Haemoglobin 13.8 g/dL, MCV 89 fL, platelets 261 x10^9/L.",
             'thyroid_function_test()': "TSH 1.9 mU/L, free T4 15 pmol/L.",
-            'blood_test(target="hba1c")': "HbA1c 36 mmol/mol (5.4 %).",
+            'blood_test(test="hba1c")': "HbA1c 36 mmol/mol (5.4 %).",
             'renal_function_test()': "Creatinine 78 umol/L, eGFR > 90 mL/min/1.73m2."}),
     Family("joint_pain", "knee", "I have a {severity} {descriptor} pain in my {part}",
            ("the joint is swollen", "it is stiff in the mornings", "I have a fever"),
            {'xray(region="lower_extremity")': "Normal joint space and bone density, no erosions.",
             'rheumatoid_factor()': "Rheumatoid factor 8 IU/mL (negative).",
-            'arthrocentesis()': "Straw-coloured fluid, 200 white cells/uL, no crystals, Gram stain negative.",
-            'inflammatory_markers(target="crp")': "CRP 3 mg/L."}),
+            'arthrocentesis(joint="knee")': "Straw-coloured fluid, 200 white cells/uL, no crystals, Gram stain negative.",
+            'inflammatory_marker(marker="crp")': "CRP 3 mg/L."}),
 )}
 # fmt: on
 
@@ -87,8 +87,8 @@ CONDITIONS = {c.name: c for c in (
     Condition("myocardial infarction", "chest_pain", "crushing", (1, 6, "hours"),
               ("the pain goes down my left arm",), {
                   'ecg()': "ST-segment elevation in leads II, III and aVF.",
-                  'cardiac_markers(target="troponin")': "High-sensitivity troponin I 2,450 ng/L, markedly elevated."},
-              {'ecg()': ("st-segment elevation in leads",), 'cardiac_markers(target="troponin")': ("markedly elevated",)},
+                  'cardiac_enzyme(marker="troponin")': "High-sensitivity troponin I 2,450 ng/L, markedly elevated."},
+              {'ecg()': ("st-segment elevation in leads",), 'cardiac_enzyme(marker="troponin")': ("markedly elevated",)},
               ("high blood pressure", "type 2 diabetes", "smokes 20 cigarettes a day"),
               ("heart attack", "mi", "acute myocardial infarction", "stemi"), (45, 85)),
     Condition("pericarditis", "chest_pain", "sharp", (2, 5, "days"),
@@ -98,9 +98,9 @@ CONDITIONS = {c.name: c for c in (
               ("acute pericarditis",), (20, 60)),
     Condition("pulmonary embolism", "chest_pain", "sharp", (1, 3, "days"),
               ("my calf is swollen",), {
-                  'angiography(type="ct_angiography")': "Filling defect in the right lower lobe pulmonary artery.",
+                  'angiography(region="pulmonary", type="ct_angiography")': "Filling defect in the right lower lobe pulmonary artery.",
                   'ecg()': "Sinus tachycardia at 118 beats per minute."},
-              {'angiography(type="ct_angiography")': ("filling defect",)},
+              {'angiography(region="pulmonary", type="ct_angiography")': ("filling defect",)},
               ("a long flight last week", "takes the contraceptive pill"), ("pe", "pulmonary embolus"),
               (25, 75)),
     Condition("spontaneous pneumothorax", "chest_pain", "stabbing", (2, 12, "hours"),
@@ -156,8 +156,8 @@ CONDITIONS = {c.name: c for c in (
               ("cholecystitis", "gallbladder inflammation"), (30, 70), sex="F"),
     Condition("acute pancreatitis", "abdominal_pain", "boring", (1, 2, "days"),
               ("the pain goes straight through to my back",), {
-                  'blood_test(target="lipase")': "Lipase 1,840 U/L, more than three times the upper limit."},
-              {'blood_test(target="lipase")': ("more than three times",)}, ("drinks heavily", "gallstones"),
+                  'blood_test(test="lipase")': "Lipase 1,840 U/L, more than three times the upper limit."},
+              {'blood_test(test="lipase")': ("more than three times",)}, ("drinks heavily", "gallstones"),
               ("pancreatitis",), (30, 70)),
     Condition("peptic ulcer disease", "abdominal_pain", "gnawing", (2, 6, "weeks"),
               ("the pain gets better when I eat",), {
@@ -192,9 +192,9 @@ CONDITIONS = {c.name: c for c in (
               ("brain tumor", "glioma", "intracranial neoplasm", "brain neoplasm"), (40, 80)),
     Condition("giant cell arteritis", "headache", "aching", (2, 6, "weeks"),
               ("my jaw hurts when I chew",), {
-                  'inflammatory_markers(target="esr")': "ESR 96 mm/h, strongly raised.",
-                  'biopsy(site="temporal_artery")': "Granulomatous inflammation of the arterial wall with giant cells."},
-              {'inflammatory_markers(target="esr")': ("strongly raised",)}, ("polymyalgia rheumatica",),
+                  'inflammatory_marker(marker="esr")': "ESR 96 mm/h, strongly raised.",
+                  'biopsy(site="soft_tissue")': "Granulomatous inflammation of the arterial wall with giant cells."},
+              {'inflammatory_marker(marker="esr")': ("strongly raised",)}, ("polymyalgia rheumatica",),
               ("temporal arteritis", "gca"), (60, 85)),
     # fatigue
     Condition("hypothyroidism", "fatigue", "slowed down", (3, 9, "months"),
@@ -210,14 +210,14 @@ CONDITIONS = {c.name: c for c in (
               ("iron deficiency anemia", "anaemia", "anemia", "iron deficiency"), (18, 50), sex="F"),
     Condition("type 2 diabetes mellitus", "fatigue", "drained", (2, 6, "months"),
               ("I am always thirsty and I pee a lot",), {
-                  'blood_test(target="hba1c")': "HbA1c 84 mmol/mol (9.8 %)."},
-              {'blood_test(target="hba1c")': ("9.8 %",)}, ("overweight", "a father with diabetes"),
+                  'blood_test(test="hba1c")': "HbA1c 84 mmol/mol (9.8 %)."},
+              {'blood_test(test="hba1c")': ("9.8 %",)}, ("overweight", "a father with diabetes"),
               ("type 2 diabetes", "diabetes mellitus type 2", "t2dm", "diabetes"), (40, 80)),
     Condition("vitamin b12 deficiency", "fatigue", "weak", (3, 12, "months"),
               ("my feet tingle",), {
-                  'blood_test(target="b12")': "Vitamin B12 92 ng/L (reference > 200 ng/L).",
+                  'blood_test(test="vitamin_b12")': "Vitamin B12 92 ng/L (reference > 200 ng/L).",
                   'cbc()': "Haemoglobin 10.1 g/dL, MCV 109 fL: macrocytic anaemia."},
-              {'blood_test(target="b12")': ("92 ng/l",)}, ("a strict vegan diet",),
+              {'blood_test(test="vitamin_b12")': ("92 ng/l",)}, ("a strict vegan diet",),
               ("b12 deficiency", "pernicious anaemia", "pernicious anemia", "cobalamin deficiency"), (40, 85)),
     Condition("chronic kidney disease", "fatigue", "tired", (6, 12, "months"),
               ("my ankles are puffy",), {
@@ -227,8 +227,8 @@ CONDITIONS = {c.name: c for c in (
     # joint pain
     Condition("gout", "joint_pain", "throbbing", (1, 3, "days"),
               ("it started overnight and even the bed sheet hurts",), {
-                  'arthrocentesis()': "Needle-shaped negatively birefringent monosodium urate crystals."},
-              {'arthrocentesis()': ("urate crystals",)}, ("drinks beer most days",),
+                  'arthrocentesis(joint="knee")': "Needle-shaped negatively birefringent monosodium urate crystals."},
+              {'arthrocentesis(joint="knee")': ("urate crystals",)}, ("drinks beer most days",),
               ("gouty arthritis", "acute gout"), (35, 80), sex="M"),
     Condition("rheumatoid arthritis", "joint_pain", "aching", (2, 6, "months"),
               ("my finger joints on both hands hurt too",), {
@@ -236,8 +236,8 @@ CONDITIONS = {c.name: c for c in (
               {'rheumatoid_factor()': ("strongly positive",)}, (), ("ra",), (25, 70), sex="F"),
     Condition("septic arthritis", "joint_pain", "hot", (1, 3, "days"),
               ("I cannot put any weight on it",), {
-                  'arthrocentesis()': "Purulent fluid, 86,000 white cells/uL, Gram-positive cocci in clusters."},
-              {'arthrocentesis()': ("purulent",)}, ("a knee injection last month",),
+                  'arthrocentesis(joint="knee")': "Purulent fluid, 86,000 white cells/uL, Gram-positive cocci in clusters."},
+              {'arthrocentesis(joint="knee")': ("purulent",)}, ("a knee injection last month",),
               ("infectious arthritis", "bacterial arthritis")),
     Condition("osteoarthritis", "joint_pain", "grinding", (1, 5, "years"),
               ("it is worse at the end of the day",), {
@@ -246,8 +246,8 @@ CONDITIONS = {c.name: c for c in (
               ("degenerative joint disease", "oa", "osteoarthrosis"), (50, 85)),
     Condition("systemic lupus erythematosus", "joint_pain", "aching", (1, 4, "months"),
               ("I get a rash on my cheeks in the sun",), {
-                  'serology(target="anti_dsdna")': "Anti-dsDNA antibodies strongly positive; ANA positive 1:640."},
-              {'serology(target="anti_dsdna")': ("anti-dsdna antibodies strongly positive",)}, (),
+                  'blood_test(test="anti_dsdna")': "Anti-dsDNA antibodies strongly positive; ANA positive 1:640."},
+              {'blood_test(test="anti_dsdna")': ("anti-dsdna antibodies strongly positive",)}, (),
               ("sle", "lupus"), (18, 50), sex="F"),
 )}
 # fmt: on

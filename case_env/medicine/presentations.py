@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from case_env.core.frozen import FrozenDraw
 from case_env.medicine.conditions import CONDITIONS, FAMILIES, Condition
-from case_env.medicine.exams import RecordedExam, parse_exam_string
+from case_env.medicine.exams import RecordedExam, recorded_exam
 
 MAX_RECORDED = 9  # MedExAgent's case filter drops rows reaching exam10
 SEVERITIES = ("mild", "moderate", "severe", "terrible")
@@ -58,7 +58,7 @@ def _exams(condition: Condition, draw: FrozenDraw) -> tuple[RecordedExam, ...]:
     for exam in routine[: draw.integer("routine", 1, 2)]:
         recorded[exam] = family.workup[exam]
     order = draw.shuffled("order", list(recorded))[:MAX_RECORDED]
-    return tuple(RecordedExam(parse_exam_string(e), recorded[e]) for e in order)
+    return tuple(recorded_exam(e, recorded[e]) for e in order)
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,32 @@ from case_env.core.calls import FORMATS
 from case_env.server.control import ensure_server
 from case_env.verl.config import write
 
+# A recipe is the overrides that differ from the base recipe (`grpo`, ours). `medexagent` is MedExAgent's RL
+# run (config/rl_config.yaml; docs/sources.md, MedExAgent): "DAPO" there is GRPO with clip-higher (0.2 / 0.3),
+# no KL term, entropy bonus 0.002, 16 samples per prompt at temperature 1.0, lr 1e-6, batch 64, one epoch,
+# SGLang, a 4,096-token prompt and a 16,384-token response, at most 20 assistant and 15 user turns. verl
+# counts every tool response as a user turn, and the patient is a tool here, so its 15 bounds questions and
+# exams together where MedExAgent's bounded the patient's replies alone.
+RECIPES: dict[str, dict[str, str]] = {
+    "grpo": {},
+    "medexagent": {
+        "data.max_prompt_length": "4096",
+        "data.max_response_length": "16384",
+        "actor_rollout_ref.actor.use_kl_loss": "False",
+        "actor_rollout_ref.actor.kl_loss_coef": "0.0",
+        "actor_rollout_ref.actor.clip_ratio_low": "0.2",
+        "actor_rollout_ref.actor.clip_ratio_high": "0.3",
+        "actor_rollout_ref.actor.entropy_coeff": "0.002",
+        "actor_rollout_ref.actor.optim.lr": "1e-6",
+        "algorithm.use_kl_in_reward": "False",
+        "actor_rollout_ref.rollout.temperature": "1.0",
+        "actor_rollout_ref.rollout.multi_turn.max_assistant_turns": "20",
+        "actor_rollout_ref.rollout.multi_turn.max_user_turns": "15",
+    },
+}
+# The recipe's values for options a user may still set: (group size, epochs, engine).
+RECIPE_DEFAULTS = {"grpo": (8, 3, "vllm"), "medexagent": (16, 1, "sglang")}
+
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(prog="scripts/train_grpo.sh", description=__doc__.split("\n\n")[0])
@@ -50,10 +76,21 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         "--batch-size", type=int, default=64, help="Prompts per step (data.train_batch_size)."
     )
     parser.add_argument(
-        "--group-size", type=int, default=8, help="Samples per prompt (GRPO group, rollout.n)."
+        "--recipe",
+        default="grpo",
+        choices=sorted(RECIPES),
+        help="grpo (ours) or medexagent (MedExAgent's DAPO run: clip 0.2/0.3, no KL, entropy 0.002, group 16).",
     )
-    parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--rollout", default="vllm", choices=["vllm", "sglang"], help="Inference engine.")
+    parser.add_argument(
+        "--group-size", type=int, default=None, help="Samples per prompt (rollout.n); grpo 8, medexagent 16."
+    )
+    parser.add_argument("--epochs", type=int, default=None, help="grpo 3, medexagent 1.")
+    parser.add_argument(
+        "--rollout",
+        default=None,
+        choices=["vllm", "sglang"],
+        help="Inference engine; grpo vllm, medexagent sglang.",
+    )
     parser.add_argument(
         "--tool-config",
         type=Path,
@@ -71,10 +108,21 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument(
         "--dry-run", action="store_true", help="Compose and validate the config on CPU, then exit."
     )
-    return parser.parse_known_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    group, epochs, engine = RECIPE_DEFAULTS[args.recipe]
+    args.group_size = args.group_size or group
+    args.epochs = args.epochs or epochs
+    args.rollout = args.rollout or engine
+    return args, extra
 
 
 def overrides(args: argparse.Namespace, extra: list[str]) -> list[str]:
+    recipe = RECIPES[args.recipe]
+    base = [item for item in _base(args) if item.split("=", 1)[0] not in recipe]
+    return [*base, *(f"{k}={v}" for k, v in recipe.items()), *extra]
+
+
+def _base(args: argparse.Namespace) -> list[str]:
     data = args.data.resolve()
     mini_batch = max(1, args.batch_size // 4)
     return [
@@ -120,7 +168,6 @@ def overrides(args: argparse.Namespace, extra: list[str]) -> list[str]:
         "trainer.project_name=case-env",
         f"trainer.experiment_name={args.experiment}",
         "trainer.logger=[console]",
-        *extra,
     ]
 
 

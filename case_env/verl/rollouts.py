@@ -92,16 +92,18 @@ def policy_for(item: dict, form: str = "hermes") -> LoopPolicy:
 
 
 async def play(
-    items: list[dict], tools: list, concurrency: int, form: str = "hermes"
+    items: list[dict], tools: list, concurrency: int, form: str = "hermes", policy=None
 ) -> tuple[list, list[ScriptedModel], list[dict]]:
-    """Each row played by its policy through ToolAgentLoop, then scored by verl's reward manager: (outputs,
-    the scripted models with the prompts they saw, reward-manager results). Must run inside an event loop."""
+    """Each row played by its policy (`policy(item)`, else its environment's scripted baseline) through
+    ToolAgentLoop, then scored by verl's reward manager: (outputs, the scripted models with the prompts they
+    saw, reward-manager results). Must run inside an event loop."""
     gate = asyncio.Semaphore(concurrency)
 
     async def one(item: dict):
         async with gate:
             tokenizer = build_tokenizer()
-            model = ScriptedModel(tokenizer, policy_for(item, form))
+            turns = LoopPolicy(policy(item), form) if policy is not None else policy_for(item, form)
+            model = ScriptedModel(tokenizer, turns)
             config = loop_config(max_turns=40, form=form)
             loop = make_loop(tools, model, processor=build_processor(tokenizer), config=config)
             out = await loop.run(

@@ -23,6 +23,7 @@ from case_env.envs.clinic.noise import NoisePlan
 from case_env.envs.clinic.patient import RulePatient
 from case_env.envs.clinic.synth import make_cases, write_csv
 from case_env.envs.imaging.data.store import PatientStore
+from case_env.medicine.exams import EXAMS
 from tests.reliability.conftest import size
 
 TOKEN = "scope-token-7f3a9c1e5b"
@@ -39,6 +40,11 @@ ARGUMENTS = {
     "ask_patient": {"question": "What brings you in today?"},
     "order_exam": {"exam": "cbc"},
     "submit_diagnosis": {"diagnosis": "gout"},
+    # every exam tool, with its required parameters at their first allowed value
+    **{
+        exam.name: {p: (exam.allowed(p) or ("unspecified",))[0] for p in exam.required}
+        for exam in EXAMS.values()
+    },
 }
 
 

@@ -18,8 +18,9 @@ from __future__ import annotations
 import re
 
 from case_env.core.policy import Observation, Turn
+from case_env.envs.clinic.reward import as_tool
 from case_env.medicine.conditions import CONDITIONS, Condition
-from case_env.medicine.exams import parse_exam_string
+from case_env.medicine.exams import ExamError, exam_call, parse_exam_string
 from case_env.medicine.symptoms import symptom_scores
 
 QUESTIONS = ("Hello, what brings you in today?", "What else have you noticed?", "Anything else at all?")
@@ -35,11 +36,30 @@ def confirms(condition: Condition, exam: str, findings: str) -> float:
 
 
 class Clinician:
-    """Asks, then examines its candidates in order of likelihood (`max_exams` 0: never examines)."""
+    """Asks, then examines its candidates in order of likelihood (`max_exams` 0: never examines), using only
+    the exams its prompt offers: MedExAgent's exam tools (`- Name: ct` lines), or `order_exam`."""
 
     def __init__(self, prompt: str, max_exams: int = 4):
         self.prompt = prompt
         self.max_exams = max_exams
+        self.single_tool = '"name": "order_exam"' in prompt
+        self.offered = set(re.findall(r"^- Name: (\w+)$", prompt, re.M))
+
+    def _exam(self, move: Observation) -> str | None:
+        """The exam key of a move, or None when it was no exam."""
+        if move.tool == "ask_patient":
+            return None
+        name, arguments = as_tool(move.tool, move.arguments)
+        try:
+            return exam_call(name, arguments).key()
+        except ExamError:
+            return None
+
+    def _order(self, key: str) -> Turn:
+        call = parse_exam_string(key)
+        if self.single_tool:
+            return Turn(call=("order_exam", {"exam": call.name, **call.as_arguments()}))
+        return Turn(call=(call.name, call.as_arguments()))
 
     def next_turn(self, done: list[Observation]) -> Turn:
         asked = [m for m in done if m.tool == "ask_patient"]
@@ -47,33 +67,26 @@ class Clinician:
             return Turn(call=("ask_patient", {"question": QUESTIONS[len(asked)]}))
         answers = " ".join(m.text for m in asked)
         belief = symptom_scores(self.prompt, answers)
-        exams = [m for m in done if m.tool == "order_exam"]
-        for move in exams:
-            key = parse_exam_string(_call(move.arguments)).key()
+        exams = [(key, m.text) for m in done if (key := self._exam(m)) is not None]
+        for key, text in exams:
             for name in belief:
-                belief[name] += 10.0 * confirms(CONDITIONS[name], key, move.text)
+                belief[name] += 10.0 * confirms(CONDITIONS[name], key, text)
         best = max(belief, key=lambda n: (belief[n], n))
-        ordered = {parse_exam_string(_call(m.arguments)).key() for m in exams}
-        confirmed = any(
-            confirms(CONDITIONS[best], parse_exam_string(_call(m.arguments)).key(), m.text) == 1.0
-            for m in exams
-        )
+        ordered = {key for key, _ in exams}
+        confirmed = any(confirms(CONDITIONS[best], key, text) == 1.0 for key, text in exams)
         if not confirmed and len(exams) < self.max_exams:
             family = CONDITIONS[best].family
             for name in sorted(belief, key=lambda n: (-belief[n], n)):
                 condition = CONDITIONS[name]
                 if condition.family != family:
                     continue
-                todo = [e for e in condition.signature if e not in ordered]
+                todo = [e for e in condition.signature if e not in ordered and self._can_order(e)]
                 if todo:
-                    return Turn(call=("order_exam", parse_exam_string(todo[0]).as_arguments()))
-        return Turn(f"The findings fit {best}.\n<answer>{best}</answer>")
+                    return self._order(todo[0])
+        return Turn(f"The findings fit {best}.\n[DIAGNOSIS: {best}]")
 
-
-def _call(arguments: dict) -> str:
-    arguments = dict(arguments)
-    name = arguments.pop("exam", "")
-    return f"{name}(" + ", ".join(f'{k}="{v}"' for k, v in arguments.items() if v) + ")"
+    def _can_order(self, key: str) -> bool:
+        return self.single_tool or parse_exam_string(key).name in self.offered
 
 
 def make_clinician(name: str, prompt: str) -> Clinician:

@@ -1,17 +1,23 @@
-"""Clinic cases: MedExAgent's case table (`rl/train_patients.csv`) and evaluation JSONL, read into one shape.
+"""Clinic cases: MedExAgent's case table (`rl/train_patients.csv`), its evaluation JSONL and its verl parquet
+(`train_verl.parquet`), read into one shape.
 
 The CSV has demographics (`age, gender, race, additional_demographics`), `medical_history`, `diagnosis`,
 `self_reported_symptoms`, up to nine exams as tool-call strings (`exam1`…, e.g. `ct(region="chest",
 contrast="yes")`) with their findings (`exam1_findings`…) and `source` (pmc or ddxplus); the JSONL has one
 patient per line with demographics as an object, a `patient_persona` and a `conversation` whose tool calls
-and tool messages hold the exams and findings (docs/sources.md, MedExAgent). An exam that the
-catalogue cannot express is left out of its case and reported, never guessed; a row without a diagnosis or
-symptoms is reported and skipped. Case ids are `<file stem>-<row>` (CSV) or `<file stem>-<patient_id>`.
+and tool messages hold the exams and findings; a parquet row carries in `extra_info` the exam map, the tools
+offered to the case and the noise assigned to it, which are kept (docs/sources.md, MedExAgent). Exams are
+read as MedExAgent reads them (`case_env.medicine.exams`); as there, an exam without findings is not part of
+the work-up, and an exam recorded twice counts once. An exam that the vocabulary cannot express is left out
+of its case and reported, never guessed; a row without a diagnosis or symptoms is reported and skipped. Case
+ids are `<file stem>-<row>` (CSV, parquet) or `<file stem>-<patient_id>`. A CSV row has no persona, so it
+gets the one MedExAgent's dataset builder draws for its row (`sample_patient_persona(Random(row))`).
 """
 
 from __future__ import annotations
 
 import json
+import random
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -19,10 +25,14 @@ from pathlib import Path
 
 from case_env.core.casefiles import gather, records
 from case_env.core.frozen import FrozenDraw
-from case_env.medicine.exams import ExamCall, ExamError, RecordedExam, exam_call, parse_exam_string
+from case_env.medicine.exams import ExamCall, ExamError, RecordedExam, recorded_exam
 
 MAX_EXAMS = 10
 SOURCES = {"ddxplus": "clinic_ddxplus", "pmc": "clinic_pmc", "synthetic": "clinic_synthetic"}
+# MedExAgent's persona options in its order (data/prompt.py PATIENT_PERSONA_OPTIONS), for its draws.
+PERSONALITIES = ("verbose", "pleasing", "impatient", "distrust", "overanxious", "plain")
+LANGUAGES = ("A", "B", "C")  # its keys level_a, level_b, level_c
+RECALLS = ("low", "high")
 _ID_UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
 
 
@@ -33,6 +43,14 @@ class Persona:
     personality: str = "plain"  # plain, verbose, pleasing, impatient, distrust, overanxious
     language: str = "C"  # A low, B moderate, C native proficiency
     recall: str = "high"  # high or low recall of the medical history
+
+
+@dataclass(frozen=True)
+class AssignedNoise:
+    """Noise a MedExAgent parquet row arrives with: its patient noise types and exam slot -> noise type."""
+
+    patient: tuple[str, ...] = ()
+    exams: tuple[tuple[int, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -48,6 +66,8 @@ class ClinicCase:
     history: str = ""
     exams: tuple[RecordedExam, ...] = ()
     persona: Persona | None = None  # None: drawn per case from its id
+    offered: tuple[str, ...] | None = None  # exam tools a MedExAgent parquet row offers; None: drawn per bank
+    noise: AssignedNoise | None = None  # noise a MedExAgent parquet row assigns; None: planned per bank
 
     @property
     def data_source(self) -> str:
@@ -94,15 +114,21 @@ def _source(value: str, path: Path) -> str:
 
 
 def _exams(pairs: Iterable[tuple[str, str]], where: str, problems: list[str]) -> tuple[RecordedExam, ...]:
-    out = []
+    """The work-up as MedExAgent's exam map holds it: exams with findings, one per exam (the last wins)."""
+    out: dict[ExamCall, RecordedExam] = {}
     for spelled, findings in pairs:
         if not spelled:
             continue
+        if not findings:
+            problems.append(f"{where}: exam {spelled[:60]!r} has no findings, left out (as in MedExAgent)")
+            continue
         try:
-            out.append(RecordedExam(parse_exam_string(spelled), findings))
+            exam = recorded_exam(spelled, findings)
         except ExamError as exc:
             problems.append(f"{where}: exam {spelled[:60]!r} left out ({exc})")
-    return tuple(out)
+            continue
+        out[exam.call] = exam
+    return tuple(out.values())
 
 
 def _case(
@@ -113,6 +139,7 @@ def _case(
     persona,
     where: str,
     problems: list[str],
+    **more,
 ) -> ClinicCase | None:
     diagnosis, symptoms = _clean(row.get("diagnosis")), _clean(row.get("self_reported_symptoms"))
     if not diagnosis or not symptoms:
@@ -131,7 +158,14 @@ def _case(
         _clean(row.get("medical_history")),
         exams,
         persona,
+        **more,
     )
+
+
+def medexagent_persona(row: int) -> Persona:
+    """The persona MedExAgent's dataset builder gives CSV row `row` (`sample_patient_persona(Random(row))`)."""
+    rng = random.Random(row)
+    return Persona(rng.choice(PERSONALITIES), rng.choice(LANGUAGES), rng.choice(RECALLS))
 
 
 def read_csv(path: Path) -> CaseLoad:
@@ -147,7 +181,7 @@ def read_csv(path: Path) -> CaseLoad:
             row,
             exams,
             _source(_clean(row.get("source")), path),
-            None,
+            medexagent_persona(n),
             where,
             load.problems,
         )
@@ -157,14 +191,32 @@ def read_csv(path: Path) -> CaseLoad:
 
 
 def _persona(raw: object) -> Persona | None:
+    """MedExAgent's persona record (`{"personality": {"key": ...}, "language_proficiency": {"key": "level_b"},
+    "medical_history_recall": {"key": "low"}}`, or bare keys); our own `recall` key is read too."""
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except json.JSONDecodeError:
+            return None
     if not isinstance(raw, dict):
         return None
 
-    def key(axis: str, default: str) -> str:
-        value = raw.get(axis)
-        return _clean(value.get("key") if isinstance(value, dict) else value) or default
+    def key(*axes: str) -> str:
+        for axis in axes:
+            value = raw.get(axis)
+            found = _clean(value.get("key") if isinstance(value, dict) else value)
+            if found:
+                return found.lower()
+        return ""
 
-    return Persona(key("personality", "plain"), key("language_proficiency", "C"), key("recall", "high"))
+    personality = key("personality")
+    language = key("language_proficiency").removeprefix("level_").upper()
+    recall = key("medical_history_recall", "recall")
+    return Persona(
+        personality if personality in PERSONALITIES else "plain",
+        language if language in LANGUAGES else "C",
+        recall if recall in RECALLS else "high",
+    )
 
 
 def _conversation_exams(conversation: list) -> list[tuple[str, str]]:
@@ -211,32 +263,77 @@ def read_jsonl(path: Path) -> CaseLoad:
     return load
 
 
+def _json(value: object, default):
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError:
+            return default
+    return default if value is None else value
+
+
+def read_parquet(path: Path) -> CaseLoad:
+    """MedExAgent's verl rows (`train/rl/dataset.py` build_verl_dataset): JSON strings inside `extra_info`."""
+    load = CaseLoad()
+    for n, where, record, _problem in records(path):
+        extra = _json(record.get("extra_info"), {})
+        exam_map = _json(extra.get("exam_map"), None) if isinstance(extra, dict) else None
+        if not isinstance(exam_map, dict):
+            load.problems.append(f"{where}: skipped, not a MedExAgent row (no extra_info.exam_map)")
+            continue
+        pairs = [
+            (spelled, _clean(info.get("findings") if isinstance(info, dict) else info))
+            for spelled, info in exam_map.items()
+        ]
+        exams = _exams(pairs, where, load.problems)
+        kept = {e.spelled: slot for slot, e in enumerate(exams)}
+        noise_map = _json(extra.get("exam_noise_map"), {}) or {}
+        interaction = _json(extra.get("interaction_kwargs"), {}) or {}
+        noise = AssignedNoise(
+            tuple(str(t) for t in interaction.get("assigned_noise_types") or ()),
+            tuple(sorted((kept[s], str(t)) for s, t in noise_map.items() if s in kept)),
+        )
+        demographics = _json(extra.get("demographics"), {}) or {}
+        truth = (record.get("reward_model") or {}).get("ground_truth")
+        row = {
+            **demographics,
+            "diagnosis": extra.get("ground_truth") or truth,
+            "self_reported_symptoms": extra.get("self_reported_symptoms"),
+            "medical_history": extra.get("medical_history"),
+        }
+        offered = _json(extra.get("available_tools"), None)
+        index = extra.get("patient_index", n)
+        case = _case(
+            _case_id(path.stem, f"{int(index):05d}" if str(index).isdigit() else str(index)),
+            row,
+            exams,
+            _source(_clean(extra.get("data_source") or record.get("data_source")), path),
+            _persona(extra.get("patient_persona")),
+            where,
+            load.problems,
+            offered=tuple(str(t) for t in offered) if isinstance(offered, list) else None,
+            noise=noise,
+        )
+        if case is not None:
+            load.cases.append(case)
+    return load
+
+
+_READERS = {".jsonl": read_jsonl, ".csv": read_csv, ".parquet": read_parquet}
+
+
 def load_cases(paths: Iterable[Path]) -> CaseLoad:
-    """Every case of the given CSV and JSONL files, or of those files inside given directories."""
-
-    def read(file: Path) -> CaseLoad:
-        return read_jsonl(file) if file.suffix == ".jsonl" else read_csv(file)
-
-    return gather(paths, (".csv", ".jsonl"), read, "clinic", CaseLoad())
-
-
-PERSONALITIES = ("plain", "verbose", "pleasing", "impatient", "distrust", "overanxious")
-LANGUAGES = ("A", "B", "C")
+    """Every case of the given CSV, JSONL and parquet files, or of those files inside given directories."""
+    return gather(paths, tuple(_READERS), lambda file: _READERS[file.suffix](file), "clinic", CaseLoad())
 
 
 def persona_of(case: ClinicCase) -> Persona:
-    """The case's own persona, or one drawn from its id (a CSV row has none), the same on every worker."""
+    """The case's own persona, or one drawn from its id, the same on every worker."""
     if case.persona is not None:
         return case.persona
     draw = FrozenDraw(0, f"clinic/persona/{case.case_id}")
     return Persona(
         draw.choice("personality", PERSONALITIES),
         draw.choice("language", LANGUAGES),
-        "low" if draw.chance("recall", 0.3) else "high",
+        draw.choice("recall", RECALLS),
     )
-
-
-def exam_of(arguments: dict[str, str | None]) -> ExamCall:
-    """An `order_exam` call's arguments → the canonical exam (raises ExamError)."""
-    arguments = dict(arguments)
-    return exam_call(str(arguments.pop("exam", "")), arguments)

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pydantic import BaseModel, ConfigDict, Field
 
 from case_env.core.store import CaseContext
-from case_env.envs.clinic.noise import NoiseConfig
+from case_env.envs.clinic.noise import NoiseConfig, noisy_findings, plan_noise
+from case_env.medicine.exams import ExamCall, RecordedExam
 
 MAX_EXCHANGES = 64
 MAX_TEXT = 4000
@@ -44,3 +45,16 @@ class ClinicEpisode(BaseModel):
 @dataclass
 class ClinicContext(CaseContext):
     episode: ClinicEpisode
+
+    def result(self, call: ExamCall) -> tuple[RecordedExam, str] | None:
+        """The recorded exam `call` matches and its findings under the episode's noise; None if none does."""
+        case = self.case()
+        found = case.findings(call)
+        if not found:
+            return None
+        slot, findings = found[0]
+        noise = self.episode.noise
+        kind = plan_noise(case, noise).exams.get(slot)
+        if kind is not None:
+            findings = noisy_findings(findings, kind, case.case_id, slot, noise.seed, noise.mode)
+        return case.exams[slot], findings

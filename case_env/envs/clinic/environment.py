@@ -38,6 +38,16 @@ class ClinicBankOptions(TextBankOptions):
     patient_noise: float = Field(0.0, ge=0, le=1, description="Share of noisy patients.")
     exam_noise: float = Field(0.0, ge=0, le=1, description="Share of noisy exam results.")
     noise_seed: int = Field(42, description="Seed of the noise draws.")
+    noise_mode: Literal["dataset", "per_case"] = Field(
+        "dataset", description="dataset: MedExAgent's dataset-wide assignment; per_case: a draw per case."
+    )
+    reward_profile: Literal["medexagent", "strict"] = Field(
+        "medexagent", description="medexagent: its published reward; strict: every exam costs, as it ran."
+    )
+    interface: Literal["exam_tools", "order_exam"] = Field(
+        "exam_tools", description="exam_tools: MedExAgent's one tool per exam; order_exam: one tool."
+    )
+    distractors: int = Field(5, ge=0, le=60, description="Exam tools offered beside the work-up's.")
 
 
 class ClinicSynthOptions(SynthOptions):
@@ -87,10 +97,18 @@ class ClinicEnvironment(Environment):
 
         assert isinstance(options, ClinicBankOptions)
         paths, loaded = load_text_cases(self, load_cases, options)
+        from case_env.envs.clinic.reward import RewardWeights
+
         noise = NoiseConfig(
-            seed=options.noise_seed, patient_rate=options.patient_noise, exam_rate=options.exam_noise
+            seed=options.noise_seed,
+            patient_rate=options.patient_noise,
+            exam_rate=options.exam_noise,
+            mode=options.noise_mode,
         )
-        result = build(loaded.cases, options.seed, options.split, noise)
+        weights = RewardWeights(profile=options.reward_profile)
+        result = build(
+            loaded.cases, options.seed, options.split, noise, weights, options.distractors, options.interface
+        )
         sources = sorted({s for c in result.counts().values() for s in c})
         table = [f"{'split':6s} {'cases':>6s} " + " ".join(f"{s:>17s}" for s in sources) + f" {'noisy':>6s}"]
         for name, rows in result.rows.items():
@@ -104,6 +122,9 @@ class ClinicEnvironment(Environment):
             "split": options.split,
             "cases": [str(p) for p in paths],
             "noise": noise.model_dump(),
+            "reward": weights.model_dump(),
+            "interface": options.interface,
+            "distractors": options.distractors,
         }
         return BankBuild(result, meta, table, Problems(loaded.problems))
 

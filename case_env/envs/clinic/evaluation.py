@@ -1,6 +1,9 @@
 """How a clinic evaluation is summarised: strict and lenient accuracy, diagnosis Jaccard, reward, mean cost,
-exams, questions and turns per case, by data source and by noise type; in report.html the cost-accuracy plot
-(one point per run, or the clean and noisy cases of one run) and the same tables.
+exams, questions and turns per case, by data source and by noise type; beside them MedExAgent's evaluation
+metrics (`evaluation/metrics.py`: strict and lenient accuracy, the judge's Jaccard, the ToolRL tool score)
+and the exam cost it does not report but logs in training, recomputed from the exams ordered (total
+cost + discomfort, and the part outside the work-up); in report.html the cost-accuracy plot (one point per
+run, or the clean and noisy cases of one run) and the same tables.
 
 A turn is one assistant message (every tool call, and the diagnosis), the same definition for every
 environment.
@@ -21,7 +24,11 @@ COLUMNS = (
     ("exams", "exams", "{:.2f}"),
     ("questions", "questions", "{:.2f}"),
     ("turns", "turns", "{:.2f}"),
-    ("exam approp.", "exam_appropriateness", "{:.3f}"),
+    ("exam term", "exam_appropriateness", "{:.3f}"),
+    ("dx Jaccard", "diagnosis_jaccard", "{:.3f}"),
+    ("tool score", "tool_match", "{:.3f}"),
+    ("exam cost", "tool_cost_total", "{:.2f}"),
+    ("unneeded cost", "tool_cost_unnecessary", "{:.2f}"),
 )
 
 
@@ -42,6 +49,10 @@ def group_summary(rows: list[dict]) -> dict:
         "questions": _mean(rows, "asks"),
         "turns": _mean(rows, "turns"),
         "format_error_rate": round(1 - _mean(rows, "format_ok"), 4) if rows else 0.0,
+        "tool_match": _mean(rows, "tool_match"),
+        "format_penalty": _mean(rows, "format"),
+        "tool_cost_total": _mean(rows, "tool_cost_total"),
+        "tool_cost_unnecessary": _mean(rows, "tool_cost_unnecessary"),
     }
 
 
@@ -65,13 +76,15 @@ def summarise(records: list[dict]) -> dict:
 
 def summary_lines(results: dict) -> list[str]:
     lines = [
-        f"{'group':22s} {'n':>4s} {'strict':>7s} {'lenient':>8s} {'cost':>6s} {'exams':>6s} {'turns':>6s}"
+        f"{'group':22s} {'n':>4s} {'strict':>7s} {'lenient':>8s} {'jaccard':>8s} {'tool':>6s} {'cost':>6s} "
+        f"{'exam$':>6s} {'exams':>6s} {'turns':>6s}"
     ]
     groups = {**results["by_data_source"], "overall": results["overall"], **results["by_noise"]}
     for name, g in groups.items():
         lines.append(
             f"{name:22s} {g['n']:4d} {g['accuracy_strict']:7.3f} {g['accuracy_lenient']:8.3f} "
-            f"{g['cost']:6.2f} {g['exams']:6.2f} {g['turns']:6.2f}"
+            f"{g['diagnosis_jaccard']:8.3f} {g['tool_match']:6.3f} {g['cost']:6.2f} {g['tool_cost_total']:6.2f} "
+            f"{g['exams']:6.2f} {g['turns']:6.2f}"
         )
     return lines
 
@@ -85,7 +98,7 @@ def cost_accuracy_plot(points: list[tuple[str, float, float]]) -> bytes:
     for i, (label, cost, accuracy) in enumerate(points):
         ax.scatter([cost], [accuracy], s=45, marker=markers[i % len(markers)], label=label)
     ax.legend(loc="center left", bbox_to_anchor=(1.02, 0.5), fontsize=8, frameon=False)
-    ax.set_xlabel("mean cost penalty per case (sum of (cost + discomfort) / 6)")
+    ax.set_xlabel("mean cost penalty per case (the reward profile's, in units of the costliest exam)")
     ax.set_ylabel("strict diagnostic accuracy")
     ax.set_ylim(-0.02, 1.05)
     ax.set_xlim(left=-0.05)
@@ -123,8 +136,12 @@ def report(runs: list[tuple[str, dict]], records: list[dict]) -> ReportParts:
         )
         tables.append((f"{prefix}by noise type", f"noise-{i}", header, _rows(results["by_noise"])))
     notes = (
-        "<p>Strict accuracy: every ground-truth condition named; lenient: at least one. Cost: each exam "
-        "ordered charges (cost + discomfort) / 6, recorded work-up exams at a discount.</p>"
+        "<p>Strict accuracy: every ground-truth condition named; lenient: at least one (MedExAgent's two "
+        "accuracies). Cost and exam term follow the bank's reward profile: medexagent charges (cost + "
+        "discomfort) / 6 for exams outside the work-up by name and scores exams with ToolRL's tool score; strict "
+        "charges every exam, work-up exams at a discount, and credits exam appropriateness. Exam cost and "
+        "unneeded cost are MedExAgent's logged totals (cost + discomfort of every exam ordered, and of those "
+        "outside the work-up), recomputed from the exams ordered.</p>"
     )
     overall = runs[0][1]["overall"]
     headline = f"strict accuracy <b>{overall['accuracy_strict']:.3f}</b> over {overall['n']} cases"

@@ -1,37 +1,38 @@
-"""Patient and exam noise, planned per (case, seed) and applied by the server, in training and evaluation.
+"""Patient and exam noise, planned per case and applied by the server, in training and evaluation.
 
-The seven patient noise types and three exam noise types are MedExAgent's (docs/sources.md, MedExAgent). Two things differ on purpose. The plan is a pure function of (case, seed, rates), so every sample of
-a GRPO group, every worker and every evaluation sees the same noise without state, and the plan is recorded
-in the bank row's hidden metadata. And a noise type is bound to what it distorts: a body-part swap or a
-changed duration is attached to one symptom and distorts it every time the patient mentions it (MedExAgent
-fires a one-off hint on a random turn, where the symptom may never come up); only a self-diagnosis and a
-vague answer are bound to a turn, one of the first four answers.
+Two modes, both with MedExAgent's seven patient and three exam noise types (docs/sources.md, MedExAgent):
 
-`patient_rate` is the chance that a case's patient is noisy (then 1-3 of the types that apply to its
-symptoms are drawn); `exam_rate` the chance that each recorded exam result is. A type that cannot apply is
-never drawn, and an exam whose findings offer nothing to swap or omit becomes ambiguous instead.
+- `dataset` (the default) is MedExAgent's: the bank assigns noise dataset-wide (`medexagent_noise.assign`:
+  exactly round(N x patient rate) eligible patients get 1-3 eligible types, round(slots x exam rate) of all
+  eligible exam slots get one type), writes each row's assignment into its create_kwargs, and the server
+  realises it with MedExAgent's tables (adjacent body parts, confusions, severity swaps, durations x 0.3-2,
+  self-diagnosis phrases, vague answers, its ambiguity templates), each on one of the first seven answers.
+- `per_case` is ours: a pure function of (case, seed, rates), so no bank is needed to know a case's noise;
+  `patient_rate` is the chance that a case's patient is noisy and `exam_rate` the chance that each exam result
+  is. It exists for cases served without a bank (`POST /v1/score`, ad-hoc eval files) and for noise rates
+  that should not depend on which other cases share the bank.
+
+In both, a distortion of a symptom is bound to that symptom and the rule-based patient tells it distorted
+every time (MedExAgent's rule-based patient ignores noise; its LLM patient gets a one-off hint, which the
+LLM patient here gets too); a self-diagnosis and a vague answer are bound to one answer. The chief complaint
+is never left out, or the case could not be solved. The plan is recorded in the row's hidden metadata.
 """
 
 from __future__ import annotations
 
+import random
 import re
 from dataclasses import dataclass, field
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from case_env.core.frozen import FrozenDraw
+from case_env.envs.clinic import medexagent_noise
 from case_env.envs.clinic.cases import ClinicCase
 
-PATIENT_NOISE = (
-    "body_part_swap",
-    "symptom_confusion",
-    "severity_change",
-    "temporal_change",
-    "omission",
-    "self_diagnosis",
-    "vague_answer",
-)
-EXAM_NOISE = ("body_part_swap", "omission", "ambiguity")
+PATIENT_NOISE = medexagent_noise.PATIENT_TYPES
+EXAM_NOISE = medexagent_noise.EXAM_TYPES
 TURN_BOUND = ("self_diagnosis", "vague_answer")
 NOISY_TURNS = 4  # a turn-bound noise fires on one of the first four answers
 
@@ -120,13 +121,34 @@ AMBIGUITY = (
 
 
 class NoiseConfig(BaseModel):
-    """How noisy a bank's patients and exams are; travels in each row's create_kwargs to the server."""
+    """How noisy a bank's patients and exams are, and (dataset mode) what this row was assigned; travels in
+    each row's create_kwargs to the server. Every row carries every key, as verl needs."""
 
     model_config = ConfigDict(extra="forbid")
 
     seed: int = Field(42, description="Noise seed; with the case id it fixes every noise draw.")
-    patient_rate: float = Field(0.0, ge=0, le=1, description="Chance that a case's patient is noisy.")
-    exam_rate: float = Field(0.0, ge=0, le=1, description="Chance that each recorded exam result is noisy.")
+    patient_rate: float = Field(0.0, ge=0, le=1, description="Share of noisy patients.")
+    exam_rate: float = Field(0.0, ge=0, le=1, description="Share of noisy exam results.")
+    mode: Literal["dataset", "per_case"] = Field(
+        "dataset", description="dataset: MedExAgent's assignment, made by the bank; per_case: drawn per case."
+    )
+    patient_types: list[str] = Field(
+        default_factory=list, max_length=7, description="Dataset mode: this case's patient noise types."
+    )
+    exam_slots: list[int] = Field(
+        default_factory=list, max_length=20, description="Dataset mode: noisy exams."
+    )
+    exam_types: list[str] = Field(default_factory=list, max_length=20, description="Their noise types.")
+
+    def assigned(self, patient: tuple[str, ...], exams: dict[int, str]) -> NoiseConfig:
+        slots = sorted(exams)
+        return self.model_copy(
+            update={
+                "patient_types": list(patient),
+                "exam_slots": slots,
+                "exam_types": [exams[s] for s in slots],
+            }
+        )
 
 
 @dataclass(frozen=True)
@@ -136,6 +158,7 @@ class PatientNoise:
     turn: int | None = None  # the answer it replaces or extends (turn-bound types)
     detail: str = ""
     told: str | None = None  # the distorted symptom as the patient tells it; None for an omission
+    hint: str = ""  # dataset mode: MedExAgent's instruction to an LLM patient on `turn`
 
 
 @dataclass
@@ -158,7 +181,14 @@ class NoisePlan:
         """The hidden record written to bank rows and trajectories; never shown to the model."""
         return {
             "patient": [
-                {"type": n.kind, "unit": n.unit, "turn": n.turn, "detail": n.detail, "told": n.told}
+                {
+                    "type": n.kind,
+                    "unit": n.unit,
+                    "turn": n.turn,
+                    "detail": n.detail,
+                    "told": n.told,
+                    "hint": n.hint,
+                }
                 for n in self.patient
             ],
             "exams": [
@@ -206,7 +236,50 @@ def _applies(kind: str, unit: str, index: int) -> bool:
     return False
 
 
+def case_rng(seed: int, *parts: object) -> random.Random:
+    """A `random.Random` fixed by the seed and the case (string seeds hash the same on every worker)."""
+    return random.Random("/".join(str(p) for p in (seed, *parts)))
+
+
 def plan_noise(case: ClinicCase, config: NoiseConfig) -> NoisePlan:
+    if config.mode == "dataset":
+        return _dataset_plan(case, config)
+    return _per_case_plan(case, config)
+
+
+def _dataset_plan(case: ClinicCase, config: NoiseConfig) -> NoisePlan:
+    """The row's assignment realised with MedExAgent's tables, on our symptom sentences."""
+    plan = NoisePlan(
+        exams={
+            s: t for s, t in zip(config.exam_slots, config.exam_types, strict=False) if s < len(case.exams)
+        }
+    )
+    units = symptom_units(case.symptoms)
+    taken: set[int] = set()
+    for d in medexagent_noise.realise(
+        config.patient_types, case.symptoms, case_rng(config.seed, case.case_id)
+    ):
+        unit = next(
+            (
+                i
+                for i, u in enumerate(units)
+                if d.original and d.original.lower() in u.lower() and i not in taken
+            ),
+            None,
+        )
+        if d.kind == "omission" and unit == 0:
+            unit = None  # the chief complaint stays told
+        told = None
+        if unit is not None and d.kind != "omission":
+            told = re.compile(re.escape(d.original), re.I).sub(d.replacement, units[unit], count=1)
+        if unit is not None:
+            taken.add(unit)
+        detail = f"{d.original} → {d.replacement}" if d.original and d.replacement else d.replacement
+        plan.patient.append(PatientNoise(d.kind, unit, d.turn, detail, told, d.hint))
+    return plan
+
+
+def _per_case_plan(case: ClinicCase, config: NoiseConfig) -> NoisePlan:
     draw = FrozenDraw(config.seed, f"clinic/noise/{case.case_id}")
     plan = NoisePlan()
     units = symptom_units(case.symptoms)
@@ -275,7 +348,11 @@ def _exam_applies(kind: str, findings: str) -> bool:
     return True
 
 
-def noisy_findings(findings: str, kind: str, case_id: str, slot: int, seed: int) -> str:
+def noisy_findings(
+    findings: str, kind: str, case_id: str, slot: int, seed: int, mode: str = "dataset"
+) -> str:
+    if mode == "dataset":
+        return medexagent_noise.distort_findings(findings, kind, case_rng(seed, case_id, "exam", slot))
     draw = FrozenDraw(seed, f"clinic/exam-noise/{case_id}/{slot}")
     if kind == "body_part_swap" and _exam_applies(kind, findings):
         return _swap(findings, FINDING_SIDES)[0]

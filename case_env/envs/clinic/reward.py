@@ -1,23 +1,27 @@
-"""The clinic reward: a pure function of (trajectory text, ground truth, extra_info), components apart.
+"""The clinic reward: a pure function of (trajectory text, ground truth, extra_info), components apart. Two
+profiles, chosen per bank (`extra_info.clinic.reward.profile`):
 
-    score = w_dx · diagnosis − w_cost · cost + w_exam · exam appropriateness
+- **`medexagent`** (the default) is MedExAgent's RL reward as published (`train/rl/reward.py`,
+  `config/rl_config.yaml`; docs/sources.md, MedExAgent):
+  `score = 1.0 · dx + 0.5 · tool_match − 0.1 · cost − 0.0 · format`, with ToolRL's tool score, the cost of
+  exams outside the work-up by name, and the format penalty (`medexagent_reward`). Every exam the model
+  called counts as it called it, refused or not, as MedExAgent's executor records every call: the calls that
+  reached the server (verl's `tool_extra_fields`), and the calls that never did (verl refuses a tool the row
+  does not offer and runs one call per turn), read from the model's own text. Without recorded calls, every
+  call is read from the text.
+- **`strict`** is the rule this project used before: an exam counts only if it ran; exam appropriateness
+  gives an exact exam 1 and the right exam with other parameters 0.5, over the union of both lists; every
+  exam is charged (cost + discomfort) / 6, an exam of the work-up discounted by 75 % the first time only. It
+  exists because under MedExAgent's rule a work-up exam is free however often its name is repeated with
+  other parameters, and an exam outside the work-up costs at most 0.1 reward: strict makes every order cost
+  something and wrong parameters earn half.
 
-- **diagnosis**: Jaccard of predicted and ground-truth conditions (`case_env.medicine.diagnosis`), from the
-  last `<answer>…</answer>` (or MedExAgent's `[DIAGNOSIS: …]`) after the last tool response. More than five
-  conditions score nothing. `acc` is strict accuracy (every ground-truth condition named), `acc_lenient`
-  at least one.
-- **exam appropriateness**: how well the exams ordered cover the recorded work-up: an exact exam counts 1,
-  the right exam with other parameters 0.5 (credit only, never findings), over the union of both lists.
-- **cost**: every exam ordered is charged (cost + discomfort) / 6, from 1/3 to 1; an exam of the recorded
-  work-up is discounted (by 75 % by default) the first time only, so the right exam is cheaper but never
-  free, and repeats and wrong-parameter variants pay in full. MedExAgent charged only exams outside the
-  work-up and let a right name with wrong arguments through free (docs/sources.md, MedExAgent).
-
-The exams are the episode's executed `order_exam` calls (`case_env.core.calls`: as they ran, from verl's
-`tool_extra_fields`, else read from the model's own tool calls in the transcript, hermes or qwen3_coder), so
-a tool output cannot order or hide exams. The
-recorded work-up comes from the bank row (`extra_info.clinic.exams`). Weights default to MedExAgent's RL
-config (1.0, 0.5, 0.1) and can be fixed per bank in `extra_info.clinic.reward`.
+The diagnosis is the first `[DIAGNOSIS: ...]` (MedExAgent's tag) after the last tool response, else the last
+`<answer>...</answer>` there, so a tool output can never answer and a `[DIAGNOSIS:]` always decides. Its
+score is the Jaccard of matched conditions: from MedExAgent's judge prompt and reply format when a judge
+endpoint is configured (`CASE_ENV_JUDGE_URL`; temperature `judge_temperature`, MedExAgent's 0.7), else from
+the deterministic matcher (`case_env.medicine.diagnosis`). `acc` is strict accuracy (every ground-truth
+condition matched), `acc_lenient` at least one, as MedExAgent's evaluation reports them.
 """
 
 from __future__ import annotations
@@ -25,54 +29,171 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
-from typing import Any
+from functools import cache
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from case_env.core.answers import ANSWER_TAG, final_segment, last_answer
-from case_env.core.calls import ExecutedCall, executed_calls
+from case_env.core.answers import ANSWER_TAG, TOOL_RESPONSE, final_segment, last_answer
+from case_env.core.calls import FIELD, TOOL_CALL, ExecutedCall, executed_calls, written_calls
 from case_env.core.llm import ChatClient, default_judge
-from case_env.envs.clinic.cases import exam_of
-from case_env.medicine.diagnosis import MAX_CONDITIONS, Verdict, conditions, judge
-from case_env.medicine.exams import ExamCall, ExamError, parse_exam_string
+from case_env.envs.clinic import medexagent_reward as mx
+from case_env.medicine.diagnosis import MAX_CONDITIONS, Verdict, conditions, judge, looks_injected
+from case_env.medicine.exams import ExamCall, ExamError, exam_call, read_exam_string
 
-_DIAGNOSIS_TAG = re.compile(r"\[DIAGNOSIS:\s*(.+?)\]", re.DOTALL)
+DIAGNOSIS_TAG = re.compile(r"\[DIAGNOSIS:\s*(.+?)\]", re.IGNORECASE | re.DOTALL)
+ASK = "ask_patient"
+ORDER = "order_exam"
 KEYS = (
     "score",
     "acc",
     "acc_lenient",
     "dx",
     "exam_score",
+    "tool_match",
     "cost",
+    "format",
+    "tool_cost_total",
+    "tool_cost_unnecessary",
+    "tool_cost_ground_truth",
     "exams",
     "exams_necessary",
     "asks",
     "pred",
     "format_ok",
     "judge",
+    "profile",
 )
 
 
 class RewardWeights(BaseModel):
+    """A bank's reward: profile and weights (MedExAgent's RL config by default)."""
+
     model_config = ConfigDict(extra="ignore")
 
-    dx: float = Field(1.0, description="Weight of the diagnosis Jaccard.")
-    exam: float = Field(0.5, description="Weight of exam appropriateness.")
-    cost: float = Field(0.1, description="Weight of the cost penalty.")
-    necessary_discount: float = Field(
-        0.75, ge=0, le=1, description="Share of a recorded work-up exam's charge waived, first order only."
+    profile: Literal["medexagent", "strict"] = Field("medexagent", description="Which rule scores exams.")
+    dx: float = Field(1.0, description="Weight of the diagnosis Jaccard (MedExAgent w_diagnosis).")
+    exam: float = Field(0.5, description="Weight of the exam term (MedExAgent w_tool_match).")
+    cost: float = Field(0.1, description="Weight of the cost penalty (MedExAgent w_cost).")
+    format: float = Field(0.0, description="Weight of the format penalty (MedExAgent w_format).")
+    uniform_cost: bool = Field(
+        False, description="medexagent: every unnecessary exam costs 1 (its ablation)."
     )
+    necessary_discount: float = Field(
+        0.75, ge=0, le=1, description="strict: share of a work-up exam's charge waived, first order only."
+    )
+    judge_temperature: float = Field(mx.JUDGE_TEMPERATURE, ge=0, le=2, description="The judge's temperature.")
 
 
-def ordered_exams(calls: list[ExecutedCall]) -> list[ExamCall]:
-    """The exams performed: valid `order_exam` calls (an invalid one was refused, so it did not happen)."""
-    exams = []
-    for call in calls:
-        if call.tool != "order_exam" or not call.ok:
+def _arguments(call_arguments: dict) -> dict[str, Any]:
+    return dict(call_arguments) if isinstance(call_arguments, dict) else {}
+
+
+def as_tool(name: str, arguments: dict) -> mx.Tool:
+    """A call as MedExAgent's executor records it; an `order_exam` call becomes the exam it names."""
+    arguments = _arguments(arguments)
+    if name == ORDER:
+        exam = str(arguments.pop("exam", ""))
+        return exam, {k: v for k, v in arguments.items() if v is not None}
+    return name, arguments
+
+
+def written_turns(solution_str: str) -> list[tuple[int, list[mx.Tool]]]:
+    """Per assistant turn (the text between tool responses): how many calls it wrote, and those readable."""
+    schemas = _schemas()
+    return [
+        (len(TOOL_CALL.findall(turn)), written_calls(turn, schemas))
+        for turn in TOOL_RESPONSE.split(solution_str or "")
+    ]
+
+
+def ordered_tools(turns: list[tuple[int, list[mx.Tool]]], extra: dict) -> list[mx.Tool]:
+    """Every exam call of the episode, as called. The recorded calls (they ran, refused or not) are a
+    subsequence of the calls the model wrote; a written call without a record never reached the server
+    (verl refused a tool the row does not offer, or ran only the first call of a turn) and is added as
+    written, since MedExAgent's executor records every call."""
+    written = [(n, a) for _, calls in turns for n, a in calls if n != ASK]
+    recorded = extra.get(FIELD)
+    if not isinstance(recorded, list | tuple):
+        return [as_tool(n, a) for n, a in written]
+    ran = [c for c in (ExecutedCall.from_record(r) for r in recorded if isinstance(r, dict)) if c.tool != ASK]
+    tools = [as_tool(c.tool, c.arguments) for c in ran]
+    at = 0
+    for name, arguments in written:
+        if at < len(ran) and (ran[at].tool, ran[at].arguments) == (name, arguments):
+            at += 1
+        else:
+            tools.append(as_tool(name, arguments))
+    return tools
+
+
+@cache
+def _schemas() -> dict[str, dict]:
+    from case_env.core import registry
+
+    return {name: spec.parameters.get("properties", {}) for name, spec in registry.all_tools().items()}
+
+
+def tool_turns(turns: list[tuple[int, list[mx.Tool]]]) -> tuple[int, int]:
+    """(tool-call turns, turns with a format error): a turn that calls an exam, and errs when it holds more
+    than one call besides questions to the patient or a call that cannot be read."""
+    attempts = errors = 0
+    for written, parsed in turns:
+        exams = written - sum(1 for n, _ in parsed if n == ASK)
+        if exams <= 0:
             continue
-        arguments = call.arguments
+        attempts += 1
+        errors += exams > 1 or len(parsed) < written
+    return attempts, errors
+
+
+def workup(extra_clinic: dict) -> dict[ExamCall, mx.Tool]:
+    """The recorded work-up as MedExAgent's executor holds it: one entry per distinct exam, as written."""
+    found: dict[ExamCall, mx.Tool] = {}
+    for spelled in extra_clinic.get("exams") or []:
         try:
-            exams.append(exam_of({k: v for k, v in arguments.items() if isinstance(v, str)}))
+            name, arguments = read_exam_string(spelled)
+            found[exam_call(name, arguments)] = (name, arguments)
+        except ExamError:
+            continue
+    return found
+
+
+def read_diagnosis(solution_str: str) -> str | None:
+    tail = final_segment(solution_str or "")
+    tag = DIAGNOSIS_TAG.search(tail)
+    if tag is not None:
+        return tag.group(1).strip()
+    answer = last_answer(tail, (ANSWER_TAG,))
+    return answer.strip() if answer is not None else None
+
+
+def diagnosis_verdict(
+    prediction: str | None, truth: str, weights: RewardWeights, client: ChatClient | None
+) -> Verdict:
+    truth_conditions = conditions(truth)
+    if not prediction:
+        return Verdict(len(truth_conditions), 0, 0, "none")
+    predicted = conditions(prediction) or [prediction]
+    if weights.profile == "strict" and len(predicted) > MAX_CONDITIONS:
+        return Verdict(len(truth_conditions), 0, 0, "none")  # a shotgun is no diagnosis under strict
+    if weights.profile == "strict" or client is None:
+        return judge(predicted, truth_conditions, client)
+    rules = judge(predicted, truth_conditions, None)
+    if looks_injected(prediction):
+        return Verdict(rules.truth, rules.predicted, rules.matched, "refused")
+    prompt = mx.JUDGE_PROMPT.format(ground_truth=truth, prediction=prediction)
+    reply = client.complete([{"role": "user", "content": prompt}], temperature=weights.judge_temperature)
+    if reply is None:
+        return Verdict(rules.truth, rules.predicted, rules.matched, "unavailable")
+    return Verdict(*mx.parse_judge(reply.text), "judge")
+
+
+def _strict_exams(tools: list[mx.Tool]) -> list[ExamCall]:
+    exams = []
+    for name, arguments in tools:
+        try:
+            exams.append(exam_call(name, {k: v for k, v in arguments.items() if isinstance(v, str)}))
         except ExamError:
             continue
     return exams
@@ -93,10 +214,10 @@ def appropriateness(ordered: list[ExamCall], necessary: list[ExamCall]) -> float
             pool[variant] -= 1
             credit += 0.5
     union = len(set(ordered)) + len(necessary) - credit
-    return round(credit / union, 6) if union > 0 else 0.0
+    return credit / union if union > 0 else 0.0
 
 
-def cost_penalty(ordered: list[ExamCall], necessary: list[ExamCall], discount: float) -> float:
+def strict_cost(ordered: list[ExamCall], necessary: list[ExamCall], discount: float) -> float:
     remaining = Counter(necessary)
     total = 0.0
     for exam in ordered:
@@ -105,16 +226,7 @@ def cost_penalty(ordered: list[ExamCall], necessary: list[ExamCall], discount: f
             remaining[exam] -= 1
             charge *= 1 - discount
         total += charge
-    return round(total, 6)
-
-
-def predicted_conditions(solution_str: str) -> tuple[list[str] | None, bool]:
-    """The diagnosis named after the last tool response, and whether it was well formed."""
-    content = last_answer(final_segment(solution_str or ""), (ANSWER_TAG, _DIAGNOSIS_TAG))
-    if content is None:
-        return None, False
-    named = conditions(content)
-    return (named, True) if 0 < len(named) <= MAX_CONDITIONS else (None, False)
+    return total
 
 
 def clinic_score(
@@ -125,36 +237,44 @@ def clinic_score(
     if isinstance(clinic, str):
         clinic = json.loads(clinic)
     weights = RewardWeights.model_validate(clinic.get("reward") or {})
-    necessary = []
-    for key in clinic.get("exams") or []:
-        try:
-            necessary.append(parse_exam_string(key))
-        except ExamError:
-            continue
-    truth = conditions(str(ground_truth or ""))
-    predicted, well_formed = predicted_conditions(solution_str)
-    if predicted is None:
-        verdict = Verdict(len(truth), 0, 0, "none")
-    else:
-        verdict = judge(predicted, truth, client if client is not None else default_judge())
+    recorded = workup(clinic)
+    truth = list(recorded.values())
+    prediction = read_diagnosis(solution_str)
+    verdict = diagnosis_verdict(prediction, str(ground_truth or ""), weights, client or default_judge())
+    dx = verdict.jaccard
+    turns = written_turns(solution_str)
+    fmt = mx.format_penalty(*tool_turns(turns))
     calls = executed_calls(solution_str, extra)
-    ordered = ordered_exams(calls)
-    exam_score = appropriateness(ordered, necessary)
-    cost = cost_penalty(ordered, necessary, weights.necessary_discount)
-    dx = round(verdict.jaccard, 6)
-    score = weights.dx * dx + weights.exam * exam_score - weights.cost * cost
-    asks = sum(1 for call in calls if call.tool == "ask_patient" and call.ok)
+    if weights.profile == "medexagent":
+        tools = ordered_tools(turns, extra)
+        tool_match = exam_term = mx.tool_match(tools, truth)
+        cost = mx.cost_penalty(tools, truth, weights.uniform_cost)
+        exams = len(tools)
+    else:
+        tools = [as_tool(c.tool, c.arguments) for c in calls if c.ok and c.tool != ASK]
+        ordered = _strict_exams(tools)
+        necessary = list(recorded)
+        exam_term = appropriateness(ordered, necessary)
+        tool_match = mx.tool_match(tools, truth)
+        cost = strict_cost(ordered, necessary, weights.necessary_discount)
+        exams = len(ordered)
+    score = weights.dx * dx + weights.exam * exam_term - weights.cost * cost - weights.format * fmt
+    asks = sum(1 for c in calls if c.tool == ASK and c.ok)
     return {
-        "score": round(score, 6),
+        "score": score,
         "acc": float(verdict.strict),
         "acc_lenient": float(verdict.lenient),
         "dx": dx,
-        "exam_score": exam_score,
+        "exam_score": exam_term,
+        "tool_match": tool_match,
         "cost": cost,
-        "exams": len(ordered),
-        "exams_necessary": len(necessary),
+        "format": fmt,
+        **mx.cost_totals(tools, truth),
+        "exams": exams,
+        "exams_necessary": len(truth),
         "asks": asks,
-        "pred": "; ".join(predicted or []),
-        "format_ok": well_formed,
+        "pred": prediction or "",
+        "format_ok": verdict.predicted > 0,
         "judge": verdict.judge,
+        "profile": weights.profile,
     }

@@ -27,7 +27,11 @@ class ClinicSettings(BaseSettings):
 
     cases: str | None = Field(None, description="Case files or directories, separated by the path separator.")
     patient_url: str | None = Field(None, description="OpenAI-compatible endpoint of an LLM patient.")
-    patient_model: str = Field("gpt-4.1-mini", description="Model of the LLM patient.")
+    patient_model: str = Field(
+        "gpt-4.1-mini",
+        description="Model of the LLM patient (MedExAgent trained against Qwen/Qwen3-30B-A3B, evaluated with gpt-4.1-mini).",
+    )
+    patient_temperature: float = Field(0.7, ge=0, le=2, description="MedExAgent's patient temperature, 0.7.")
     patient_timeout_s: float = Field(8.0, gt=0, description="Past this, the rule-based patient answers.")
     patient_cache: Path | None = Field(None, description="SQLite cache of LLM patient answers.")
 
@@ -50,6 +54,7 @@ class ClinicStore(CaseTable):
                     base_url=settings.patient_url,
                     model=settings.patient_model,
                     timeout_s=settings.patient_timeout_s,
+                    temperature=settings.patient_temperature,
                     cache_path=settings.patient_cache,
                 )
             )

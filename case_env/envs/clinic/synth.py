@@ -11,7 +11,7 @@ import csv
 import json
 from pathlib import Path
 
-from case_env.envs.clinic.cases import MAX_EXAMS, ClinicCase, persona_of
+from case_env.envs.clinic.cases import MAX_EXAMS, ClinicCase, medexagent_persona, persona_of
 from case_env.medicine.presentations import make_presentation
 
 CSV_COLUMNS = [
@@ -40,6 +40,7 @@ def make_case(index: int, seed: int, stem: str = "clinic_synthetic") -> ClinicCa
         race=p.race,
         history=p.history,
         exams=p.exams,
+        persona=medexagent_persona(index),  # the persona MedExAgent's builder gives this CSV row
     )
 
 
@@ -112,8 +113,8 @@ def write_jsonl(cases: list[ClinicCase], path: Path) -> None:
                 "self_reported_symptoms": case.symptoms,
                 "patient_persona": {
                     "personality": {"key": persona.personality},
-                    "language_proficiency": {"key": persona.language},
-                    "recall": {"key": persona.recall},
+                    "language_proficiency": {"key": f"level_{persona.language.lower()}"},
+                    "medical_history_recall": {"key": persona.recall},
                 },
                 "conversation": conversation,
                 "source": case.source,
