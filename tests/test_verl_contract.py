@@ -29,6 +29,7 @@ from case_env.verl.offline import (
     build_tokenizer,
     loop_config,
     make_loop,
+    run_row,
     score_with_verl,
 )
 from tests.server_harness import live_server
@@ -109,13 +110,7 @@ def test_concurrent_trajectories_of_every_persona(bank, server, dataset, monkeyp
             processor=build_processor(tokenizer),
             config=loop_config(max_turns=len(script), form=form),
         )
-        out = await loop.run(
-            sampling_params={},
-            raw_prompt=item["raw_prompt"],
-            tools_kwargs=item["tools_kwargs"],
-            extra_info=item["extra_info"],
-            index=item["index"],
-        )
+        out = await run_row(loop, item)
         return out, model, tokenizer
 
     async def run_all():

@@ -188,6 +188,17 @@ def make_loop(tools: list, model: ScriptedModel, processor=None, config=None) ->
     )
 
 
+async def run_row(loop: ToolAgentLoop, item: dict):
+    """One dataset row (as RLHFDataset yields it) through the loop, with the columns verl passes."""
+    return await loop.run(
+        sampling_params={},
+        raw_prompt=item["raw_prompt"],
+        tools_kwargs=item["tools_kwargs"],
+        extra_info=item["extra_info"],
+        index=item["index"],
+    )
+
+
 async def score_with_verl(tokenizer, outputs: list, items: list[dict]) -> list[dict]:
     """Score finished trajectories the way a verl job does: custom reward loaded by verl's loader, run by
     verl's NaiveRewardManager. Must run inside the event loop (the manager captures it)."""

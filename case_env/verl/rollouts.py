@@ -33,6 +33,7 @@ from case_env.verl.offline import (
     build_tokenizer,
     loop_config,
     make_loop,
+    run_row,
     score_with_verl,
 )
 
@@ -106,13 +107,7 @@ async def play(
             model = ScriptedModel(tokenizer, turns)
             config = loop_config(max_turns=40, form=form)
             loop = make_loop(tools, model, processor=build_processor(tokenizer), config=config)
-            out = await loop.run(
-                sampling_params={},
-                raw_prompt=item["raw_prompt"],
-                tools_kwargs=item["tools_kwargs"],
-                extra_info=item["extra_info"],
-                index=item["index"],
-            )
+            out = await run_row(loop, item)
             return out, model
 
     played = await asyncio.gather(*[one(item) for item in items])

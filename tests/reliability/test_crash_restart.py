@@ -27,6 +27,7 @@ from case_env.verl.offline import (
     build_tokenizer,
     loop_config,
     make_loop,
+    run_row,
     score_with_verl,
 )
 from tests.reliability.conftest import size
@@ -70,13 +71,7 @@ def test_crash_and_restart(dataset, tmp_path, figures, monkeypatch):
         loop = make_loop(
             tools, model, processor=build_processor(tokenizer), config=loop_config(max_turns=len(scripts[i]))
         )
-        out = await loop.run(
-            sampling_params={},
-            raw_prompt=item["raw_prompt"],
-            tools_kwargs=item["tools_kwargs"],
-            extra_info=item["extra_info"],
-            index=item["index"],
-        )
+        out = await run_row(loop, item)
         return out, model
 
     async def run():

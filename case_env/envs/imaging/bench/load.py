@@ -145,44 +145,32 @@ async def run_load(
     timeout = aiohttp.ClientTimeout(total=60)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         master = random.Random(seed)
-        warm = Tally()
-        stop = time.perf_counter() + warmup
-        seeds = [master.random() for _ in range(-(-rollouts // group_size))]
-        await asyncio.gather(
-            *[
-                _rollout(
-                    session,
-                    url,
-                    patients,
-                    stop,
-                    random.Random(seeds[n // group_size]),
-                    warm,
-                    think_s,
-                    member=n % group_size,
-                )
-                for n in range(rollouts)
-            ]
-        )
+
+        async def phase(seconds: float, tally: Tally, limit: int | None) -> None:
+            """Every rollout until `seconds` pass; the members of a group share one seed."""
+            stop = time.perf_counter() + seconds
+            seeds = [master.random() for _ in range(-(-rollouts // group_size))]
+            await asyncio.gather(
+                *[
+                    _rollout(
+                        session,
+                        url,
+                        patients,
+                        stop,
+                        random.Random(seeds[n // group_size]),
+                        tally,
+                        think_s,
+                        limit,
+                        member=n % group_size,
+                    )
+                    for n in range(rollouts)
+                ]
+            )
+
+        await phase(warmup, Tally(), None)
         tally = Tally()
         started = time.perf_counter()
-        stop = started + duration
-        seeds = [master.random() for _ in range(-(-rollouts // group_size))]
-        await asyncio.gather(
-            *[
-                _rollout(
-                    session,
-                    url,
-                    patients,
-                    stop,
-                    random.Random(seeds[n // group_size]),
-                    tally,
-                    think_s,
-                    episodes,
-                    member=n % group_size,
-                )
-                for n in range(rollouts)
-            ]
-        )
+        await phase(duration, tally, episodes)
         elapsed = time.perf_counter() - started
     return summarise(tally, rollouts, elapsed)
 
