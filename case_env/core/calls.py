@@ -135,8 +135,8 @@ def executed_calls(solution_str: str, extra_info: dict | None) -> list[ExecutedC
         return [ExecutedCall.from_record(r) for r in recorded if isinstance(r, dict)]
     from case_env.core import registry
 
-    schemas = {name: spec.parameters.get("properties", {}) for name, spec in registry.all_tools().items()}
-    return [ExecutedCall(name, arguments) for name, arguments in written_calls(solution_str, schemas)]
+    written = written_calls(solution_str, registry.tool_parameters())
+    return [ExecutedCall(name, arguments) for name, arguments in written]
 
 
 def call_text(name: str, arguments: dict, form: str = "hermes") -> str:

@@ -109,6 +109,12 @@ def all_tools() -> dict[str, ToolSpec]:
     return {name: get(env).tools[name] for name, env in _tool_owners().items()}
 
 
+@cache
+def tool_parameters() -> dict[str, dict]:
+    """Every tool's parameter schemas by name, for typing the values of calls read back from a transcript."""
+    return {name: spec.parameters.get("properties", {}) for name, spec in all_tools().items()}
+
+
 def for_tool(tool: str) -> Environment | None:
     owner = _tool_owners().get(tool)
     return get(owner) if owner else None
@@ -128,5 +134,5 @@ def reload() -> None:
     import importlib
 
     importlib.invalidate_caches()
-    for cached in (_loaded, _tool_owners, _source_owners):
+    for cached in (_loaded, _tool_owners, _source_owners, tool_parameters):
         cached.cache_clear()

@@ -29,11 +29,11 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
-from functools import cache
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from case_env.core import registry
 from case_env.core.answers import ANSWER_TAG, TOOL_RESPONSE, final_segment, last_answer
 from case_env.core.calls import FIELD, TOOL_CALL, ExecutedCall, executed_calls, written_calls
 from case_env.core.llm import ChatClient, default_judge
@@ -85,13 +85,9 @@ class RewardWeights(BaseModel):
     judge_temperature: float = Field(mx.JUDGE_TEMPERATURE, ge=0, le=2, description="The judge's temperature.")
 
 
-def _arguments(call_arguments: dict) -> dict[str, Any]:
-    return dict(call_arguments) if isinstance(call_arguments, dict) else {}
-
-
 def as_tool(name: str, arguments: dict) -> mx.Tool:
     """A call as MedExAgent's executor records it; an `order_exam` call becomes the exam it names."""
-    arguments = _arguments(arguments)
+    arguments = dict(arguments) if isinstance(arguments, dict) else {}
     if name == ORDER:
         exam = str(arguments.pop("exam", ""))
         return exam, {k: v for k, v in arguments.items() if v is not None}
@@ -100,7 +96,7 @@ def as_tool(name: str, arguments: dict) -> mx.Tool:
 
 def written_turns(solution_str: str) -> list[tuple[int, list[mx.Tool]]]:
     """Per assistant turn (the text between tool responses): how many calls it wrote, and those readable."""
-    schemas = _schemas()
+    schemas = registry.tool_parameters()
     return [
         (len(TOOL_CALL.findall(turn)), written_calls(turn, schemas))
         for turn in TOOL_RESPONSE.split(solution_str or "")
@@ -125,13 +121,6 @@ def ordered_tools(turns: list[tuple[int, list[mx.Tool]]], extra: dict) -> list[m
         else:
             tools.append(as_tool(name, arguments))
     return tools
-
-
-@cache
-def _schemas() -> dict[str, dict]:
-    from case_env.core import registry
-
-    return {name: spec.parameters.get("properties", {}) for name, spec in registry.all_tools().items()}
 
 
 def tool_turns(turns: list[tuple[int, list[mx.Tool]]]) -> tuple[int, int]:
