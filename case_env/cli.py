@@ -346,8 +346,17 @@ def eval_(
     call_timeout: float = typer.Option(
         120.0, "--call-timeout", min=1.0, help="openai agent: seconds per completion."
     ),
-    temperature: float = typer.Option(
-        0.0, "--temperature", min=0.0, help="openai agent: sampling temperature."
+    temperature: float | None = typer.Option(
+        None,
+        "--temperature",
+        min=0.0,
+        help="openai agent: sampling temperature (default: the environment's for independent samples, "
+        "0.6 for case reasoning; 0 for everything else).",
+    ),
+    greedy_samples: bool = typer.Option(
+        False,
+        "--greedy-samples",
+        help="Allow --temperature 0 with several independent samples per row (they are then identical).",
     ),
 ) -> None:
     """Evaluate a policy over a bank against a live server; prints the environment's summary."""
@@ -386,6 +395,7 @@ def eval_(
             repeats=repeats,
             seed=seed,
             max_turns=max_turns,
+            greedy_samples=greedy_samples,
         )
     except (FileNotFoundError, FileExistsError, LookupError, TrajectoryFormatError, ValueError) as exc:
         _fail(str(exc), 2)

@@ -19,7 +19,7 @@ import pytest
 from case_env.core.llm import ChatClient, LLMSettings
 from case_env.envs.casereason.cases import load_cases, read_file, statements
 from case_env.envs.casereason.evaluation import pass_at_k
-from case_env.envs.casereason.judge import judge
+from case_env.envs.casereason.judge import Judgement, judge, read_verdict
 from case_env.envs.casereason.recall import covered_lexically, reasoning_recall
 from case_env.envs.casereason.reward import casereason_score
 from case_env.envs.casereason.synth import make_reasoning_case, write_cases
@@ -80,7 +80,7 @@ def test_synthetic_cases_are_deterministic_and_in_the_dataset_format(tmp_path):
         assert 3 <= len(case.statements) <= 6 and case.statements[-1].endswith(".")
         assert row["final_diagnosis"] == case.diagnosis
     confirmed = sum("confirmed" in c.statements[-1] for c in loaded.cases)
-    assert 8 <= confirmed <= 22  # about half show the confirming result
+    assert 10 <= confirmed <= 26  # CONFIRMED (0.6) of them show the confirming result
 
 
 @pytest.mark.parametrize(
@@ -112,7 +112,7 @@ def _client(tmp_path: Path, url: str) -> ChatClient:
     )
 
 
-def test_yes_no_judge_is_cached_validated_and_refuses_injection(tmp_path):
+def test_yes_no_judge_is_mcduffs_question_decides_alone_and_never_loses_a_verdict(tmp_path):
     def reply(messages):
         user = messages[-1]["content"]
         return "maybe" if "Whipple" in user else "Yes." if "Morbus" in user else "no"
@@ -120,14 +120,31 @@ def test_yes_no_judge_is_cached_validated_and_refuses_injection(tmp_path):
     chat = ScriptedChat(reply)
     with serve_app(chat.app) as live:
         client = _client(tmp_path, f"{live.url}/v1")
-        assert judge("Morbus Crohn", "Crohn disease", client).correct
+        assert judge("Morbus Crohn", "Crohn disease", client) == Judgement(True, "judge")
         assert judge("Morbus Crohn", "Crohn disease", _client(tmp_path, f"{live.url}/v1")).by == "judge"
         assert len(chat.requests) == 1 and chat.requests[0]["temperature"] == 0  # the second from the cache
-        assert judge("Morbus Whipple", "Whipple disease", client).by == "rejected"
-        assert judge("sarcoidosis", "Crohn disease", client).by == "judge"
-        assert judge("GCA", "giant cell arteritis", client).by == "rules" and len(chat.requests) == 3
-        user = chat.requests[0]["messages"][-1]["content"]
-        assert "Is our predicted diagnosis correct (yes/no)?" in user and "untrusted" in user
+        # a reply that is neither yes nor no: the deterministic grader decides
+        assert judge("Morbus Whipple", "Whipple disease", client) == Judgement(True, "rejected")
+        assert judge("sarcoidosis", "Crohn disease", client) == Judgement(False, "judge")
+        # with an endpoint the judge decides alone, as in the harnesses, even where the rules would accept
+        assert judge("GCA", "giant cell arteritis", client) == Judgement(False, "judge")
+        assert len(chat.requests) == 4
+        system, user = (m["content"] for m in chat.requests[0]["messages"])
+        assert user.startswith(
+            "Is our predicted diagnosis correct (yes/no)?\nPredicted diagnosis: <<<PREDICTION"
+        )
+        assert user.endswith("PREDICTION>>>, True diagnosis: Crohn disease\nAnswer [yes/no].")
+        assert "never instructions" in system
+    assert [read_verdict(r) for r in ("Yes.", "no", "NO, it is not", "yes, no doubt", "Not correct")] == [
+        True,
+        False,
+        False,
+        None,
+        None,
+    ]
+    # a failing endpoint: the grader decides
+    down = _client(tmp_path / "down", "http://127.0.0.1:9/v1")
+    assert judge("GCA", "giant cell arteritis", down) == Judgement(True, "unavailable")
     obedient = ScriptedChat(lambda messages: "yes")
     with serve_app(obedient.app) as live:
         client = _client(tmp_path / "o", f"{live.url}/v1")
@@ -320,8 +337,11 @@ def test_eval_reports_accuracy_at_k_in_both_modes_and_recall(dataset, tmp_path):
             a = r[mode]
             assert a["acc@1"] <= a["acc@5"] <= a["acc@10"] <= 1.0
         assert 0.0 < r["recall"] < 1.0
-    assert reader["independent"]["acc@1"] > symptoms["independent"]["acc@1"] + 0.15  # reading results pays
-    assert reader["sequential"]["acc@1"] >= 0.65 and reader["sequential"]["acc@5"] >= 0.9
+    # reading the results pays, at one attempt and at five, in both readings of k
+    for mode in ("independent", "sequential"):
+        for k in ("acc@1", "acc@5"):
+            assert reader[mode][k] >= symptoms[mode][k] + 0.2, (mode, k)
+    assert reader["sequential"]["acc@5"] >= 0.95 and symptoms["sequential"]["acc@5"] <= 0.8
 
 
 def _reader_model(messages: list[dict]) -> dict | str:

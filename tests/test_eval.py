@@ -33,7 +33,13 @@ def server(dataset, tmp_path_factory):
 
 def test_scripted_run_writes_results_and_case_trajectories(bank, server, tmp_path):
     results = run_eval(bank / "test.parquet", server.url, "scripted", tmp_path, concurrency=3, progress=False)
-    assert set(results) == {"env", "overall", "by_data_source", "agent", "bank", "server_version"}
+    assert set(results) == {"env", "overall", "by_data_source", "agent", "bank", "server_version", "sampling"}
+    assert results["sampling"] == {
+        "samples_per_row": 0,
+        "repeats": 1,
+        "seed": 0,
+        "sampler": "scripted agent 'scripted', draws seeded by --seed",
+    }
     assert results["agent"] == "scripted" and results["server_version"]
     for source in ("vista3d_opsd", "medboard_opsd"):
         summary = results["by_data_source"][source]

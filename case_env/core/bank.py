@@ -179,12 +179,21 @@ def split_patients(
 
 
 def rows_by_split(
-    cases: list, fractions: tuple[float, float, float], seed: int, to_row: Callable[[Any, int, str], BankRow]
+    cases: list,
+    fractions: tuple[float, float, float],
+    seed: int,
+    to_row: Callable[[Any, int, str], BankRow],
+    given: Callable[[Any], str] | None = None,
 ) -> BankResult:
     """One row per case (anything with a `case_id`), cases split by id, indices in id order; `to_row(case,
-    index, split)` makes the row. Environments with one row per case use this; those with several questions
-    per patient split patients themselves (`split_patients`)."""
-    patients = split_patients([c.case_id for c in cases], fractions, seed)
+    index, split)` makes the row. A case for which `given(case)` names a split (a published dataset's own)
+    stays in it; the others are split by `fractions`. Environments with one row per case use this; those
+    with several questions per patient split patients themselves (`split_patients`)."""
+    fixed = {c.case_id: given(c) for c in cases if given is not None and given(c) in SPLITS}
+    patients = split_patients([c.case_id for c in cases if c.case_id not in fixed], fractions, seed)
+    for case_id, split in sorted(fixed.items()):
+        patients[split].append(case_id)
+    patients = {split: sorted(ids) for split, ids in patients.items()}
     split_of = {cid: split for split, ids in patients.items() for cid in ids}
     rows: dict[str, list[dict]] = {split: [] for split in SPLITS}
     for index, case in enumerate(sorted(cases, key=lambda c: c.case_id)):

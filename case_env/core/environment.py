@@ -88,6 +88,7 @@ class Variant:
     prompt: list[dict] | None = None  # another prompt than the row's
     tools: bool = True  # offer the row's tools
     max_turns: int | None = None  # another turn budget than the environment's
+    sample: int | None = None  # one of several independent samples of the row: which one
 
 
 @dataclass
@@ -184,6 +185,9 @@ class Environment:
     agents: ClassVar[tuple[str, ...]] = ()  # scripted baselines (the OpenAI-compatible agent is generic)
     loop_agent: ClassVar[str] = ""  # the baseline `case-env rollouts` plays through verl
     max_turns: ClassVar[int] = 16
+    # A model's temperature for independent samples (`Variant.sample`) when the user sets none: above 0, so
+    # the samples of a row differ. Every other rollout is greedy unless the user says otherwise.
+    sample_temperature: ClassVar[float] = 0.6
     case_files: ClassVar[bool] = (
         False  # its cases may come from files (`--cases NAME=PATH`, CASE_ENV_<NAME>_CASES)
     )

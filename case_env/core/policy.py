@@ -34,21 +34,27 @@ class Observation:
 
 @dataclass(frozen=True)
 class Turn:
-    """One assistant turn: `text` (reasoning, or the whole final answer) and, unless final, one call."""
+    """One assistant turn: `text` (reasoning, or the whole final answer) and, unless final, one call.
+    `reasoning` is what a reasoning model returned apart from its text (`reasoning_content`)."""
 
     text: str = ""
     call: tuple[str, dict] | None = None
+    reasoning: str = ""
 
     @property
     def final(self) -> bool:
         return self.call is None
 
     def written(self, form: str = "hermes") -> str:
-        """The turn as the model writes it, its call in verl's `form`."""
+        """The turn as the model writes it, its call in verl's `form`. Reasoning a server returned apart
+        (vLLM's reasoning parsers, the vendors' APIs) goes back inside `<think>` where the model wrote it."""
+        text = self.text
+        if self.reasoning.strip() and "<think>" not in text:
+            text = f"<think>\n{self.reasoning.strip()}\n</think>\n{text}"
         if self.call is None:
-            return self.text
+            return text
         call = call_text(*self.call, form)
-        return f"{self.text}\n{call}" if self.text else call
+        return f"{text}\n{call}" if text else call
 
 
 class Policy(Protocol):

@@ -7,6 +7,11 @@ part right after it, because the chat format allows text only in tool messages a
 follow it. A tool call whose arguments are not valid JSON gets an error reply and the model may try again;
 the server is not called. The episode ends at the first reply without a tool call, or when the turn budget
 (every completion requested, retries included) runs out.
+
+Reasoning models served with a reasoning parser (vLLM, SGLang) or by their vendors' APIs return their
+reasoning apart from the text, as `reasoning_content` (or `reasoning`). It is kept on the turn and in the
+stored messages, so the reward and reasoning recall read it as the model's `<think>` block; it is not sent
+back with the next request, as those APIs ask.
 """
 
 from __future__ import annotations
@@ -25,15 +30,38 @@ class ModelSettings:
     api_key: str = "EMPTY"
     max_turns: int | None = None  # None: the environment's turn budget
     timeout_s: float = 120.0
-    temperature: float = 0.0
+    temperature: float | None = None  # None: the environment's sample temperature for samples, else 0
     max_tokens: int = 2048
+    seed: int | None = None  # sent with every request when set, so a sample can be drawn again
+
+
+REASONING_FIELDS = ("reasoning_content", "reasoning")
+
+
+def reasoning_of(message) -> str:
+    """The reasoning an OpenAI-compatible server returned beside the message text, if any."""
+    extra = getattr(message, "model_extra", None) or {}
+    for name in REASONING_FIELDS:
+        value = getattr(message, name, None) or extra.get(name)
+        if isinstance(value, str) and value.strip():
+            return value
+    return ""
 
 
 class OpenAIPolicy:
     def __init__(
-        self, prompt: list[dict], tools: list[dict], settings: ModelSettings, client, max_turns: int
+        self,
+        prompt: list[dict],
+        tools: list[dict],
+        settings: ModelSettings,
+        client,
+        max_turns: int,
+        temperature: float | None = None,
+        seed: int | None = None,
     ):
         self.settings = settings
+        self.temperature = temperature if temperature is not None else settings.temperature or 0.0
+        self.seed = settings.seed if seed is None else seed
         self.client = client
         self.tools = tools
         self.max_turns = max_turns
@@ -48,29 +76,33 @@ class OpenAIPolicy:
             self._pending = None
         while self.turns < self.max_turns:
             self.turns += 1
+            sent = [{k: v for k, v in m.items() if k not in REASONING_FIELDS} for m in self.messages]
             reply = (
                 self.client.chat.completions.create(
                     model=self.settings.model,
-                    messages=self.messages,
+                    messages=sent,
                     tools=self.tools or None,
-                    temperature=self.settings.temperature,
+                    temperature=self.temperature,
                     max_tokens=self.settings.max_tokens,
                     timeout=self.settings.timeout_s,
+                    **({"seed": self.seed} if self.seed is not None else {}),
                 )
                 .choices[0]
                 .message
             )
             calls = reply.tool_calls or []
             content = reply.content or ""
+            reasoning = reasoning_of(reply)
             self.messages.append(
                 {
                     "role": "assistant",
                     "content": content,
+                    **({"reasoning_content": reasoning} if reasoning else {}),
                     **({"tool_calls": [calls[0].model_dump()]} if calls else {}),
                 }
             )
             if not calls:
-                return Turn(content)
+                return Turn(content, reasoning=reasoning)
             call = calls[0]  # one call per turn, as verl's tool_agent loop executes by default
             try:
                 arguments = json.loads(call.function.arguments or "{}")
@@ -82,7 +114,7 @@ class OpenAIPolicy:
                 self.messages.append({"role": "tool", "tool_call_id": call.id, "content": message})
                 continue
             self._pending = call.id
-            return Turn(content, (call.function.name, arguments))
+            return Turn(content, (call.function.name, arguments), reasoning)
         return Turn("")
 
     def _send_back(self, call_id: str, output: Observation) -> None:

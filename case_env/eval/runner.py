@@ -49,6 +49,50 @@ def agents_of(env: Environment) -> tuple[str, ...]:
     return (*env.agents, OPENAI)
 
 
+def sampling(env: Environment, model: ModelSettings, variant: Variant, repeat: int, seed: int):
+    """(temperature, request seed) of one rollout of the model: independent samples at the user's
+    temperature or the environment's sample temperature, each with a seed of its own so it can be drawn
+    again; every other rollout at the user's temperature or greedy."""
+    if variant.sample is None:
+        return (model.temperature or 0.0), model.seed
+    temperature = env.sample_temperature if model.temperature is None else model.temperature
+    request_seed = seed * 1_000_003 + repeat * 1_000 + variant.sample if temperature > 0 else None
+    return temperature, request_seed
+
+
+def sampling_settings(
+    env: Environment, items: list[Item], agent: str, model: ModelSettings | None, repeats: int, seed: int
+) -> dict:
+    """What results.json records beside pass@k: how the samples were drawn."""
+    samples = sum(v.sample is not None for v in env.variants(items[0]))
+    record: dict = {"samples_per_row": samples, "repeats": repeats, "seed": seed}
+    if model is None:
+        return {**record, "sampler": f"scripted agent {agent!r}, draws seeded by --seed"}
+    sample_t = env.sample_temperature if model.temperature is None else model.temperature
+    return {
+        **record,
+        "sampler": "model",
+        "sample_temperature": sample_t if samples else None,
+        "temperature": model.temperature or 0.0,
+        "max_tokens": model.max_tokens,
+        "seeded_requests": bool(samples) and sample_t > 0,
+    }
+
+
+def check_sampling(env: Environment, items: list[Item], model: ModelSettings | None, greedy: bool) -> None:
+    """Temperature 0 makes a row's independent samples one sample repeated: pass@k is then pass@1 for
+    every k. Refused unless the user asks for it (`--greedy-samples`)."""
+    if model is None or greedy or model.temperature is None or model.temperature > 0:
+        return
+    samples = sum(v.sample is not None for v in env.variants(items[0]))
+    if samples > 1:
+        raise ValueError(
+            f"temperature 0 makes the {samples} independent samples of each {env.title} case identical, so "
+            f"pass@k would equal pass@1 for every k: sample above 0 (the default is "
+            f"{env.sample_temperature}), or pass --greedy-samples to run them greedily anyway"
+        )
+
+
 def _policies(
     env: Environment, agent: str, bank: Path, seed: int, model: ModelSettings | None, max_turns: int
 ):
@@ -64,9 +108,12 @@ def _policies(
         raise ValueError("the openai agent needs --model-url and --model")
     client = chat_client(model)
 
-    def make(item: Item, variant: Variant, tools: list[dict], _repeat: int) -> OpenAIPolicy:
+    def make(item: Item, variant: Variant, tools: list[dict], repeat: int) -> OpenAIPolicy:
         turns = variant.max_turns or model.max_turns or max_turns
-        return OpenAIPolicy(variant.prompt or item.prompt, tools, model, client, turns)
+        temperature, request_seed = sampling(env, model, variant, repeat, seed)
+        return OpenAIPolicy(
+            variant.prompt or item.prompt, tools, model, client, turns, temperature, request_seed
+        )
 
     return make
 
@@ -156,6 +203,7 @@ def run_eval(
     seed: int = 0,
     progress: bool = True,
     max_turns: int | None = None,
+    greedy_samples: bool = False,
 ) -> dict:
     """Roll every row of the bank out `repeats` times (each of its environment's variants); the figures are
     means over all rollouts, so a stochastic agent's figure averages `repeats` draws per row."""
@@ -164,6 +212,7 @@ def run_eval(
     if not items:
         raise ValueError(f"{bank} holds no rows")
     env = bank_environment(items)
+    check_sampling(env, items, model, greedy_samples)
     budget = max_turns or env.max_turns
     make_policy = _policies(env, agent, bank, seed, model, budget)
     out.mkdir(parents=True, exist_ok=True)
@@ -202,6 +251,7 @@ def run_eval(
         "agent": agent,
         "bank": str(bank),
         "server_version": server_version,
+        "sampling": sampling_settings(env, items, agent, model, repeats, seed),
         **env.summarise(records),
     }
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")

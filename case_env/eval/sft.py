@@ -45,7 +45,12 @@ def _flatten(message: dict, base: Path, where: str) -> tuple[dict, list[dict]]:
             images.append({"bytes": path.read_bytes()})
             value = "<image>"
         pieces.append(value)
-    out = {"role": message["role"], "content": "\n".join(pieces)}
+    content = "\n".join(pieces)
+    reasoning = message.get("reasoning_content")
+    if isinstance(reasoning, str) and reasoning.strip() and "<think>" not in content:
+        # a reasoning model's trace, returned apart by its server, trains inside <think> as it was written
+        content = f"<think>\n{reasoning.strip()}\n</think>\n{content}"
+    out = {"role": message["role"], "content": content}
     if message.get("tool_calls"):
         out["tool_calls"] = [
             {

@@ -69,7 +69,8 @@ def to_record(
         messages, images = _from_transcript(episode.transcript, key, folder, out)
     else:
         messages, images = _from_turns(episode.prompt, key, episode, folder, out)
-        messages.append({"role": "assistant", "content": episode.final})
+        last = episode.turns[-1] if episode.turns and episode.turns[-1].final else None
+        messages.append({"role": "assistant", "content": episode.final, **_reasoning(last)})
     score = episode.score
     return {
         "id": key,
@@ -123,6 +124,11 @@ def _from_transcript(
     return messages, images
 
 
+def _reasoning(turn: Turn | None) -> dict:
+    """A turn's separately returned reasoning, under the field name the chat APIs use."""
+    return {"reasoning_content": turn.reasoning} if turn is not None and turn.reasoning else {}
+
+
 def _from_turns(
     prompt: list[dict], key: str, episode: Episode, folder: str, out: Path
 ) -> tuple[list[dict], list[str]]:
@@ -135,6 +141,7 @@ def _from_turns(
             {
                 "role": "assistant",
                 "content": turn.text,
+                **_reasoning(turn),
                 "tool_calls": [{"id": call_id, "type": "function", "function": function}],
             }
         )

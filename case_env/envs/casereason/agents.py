@@ -1,10 +1,11 @@
 """Model-free readers of case presentations, the case-reasoning environment's scripted baselines.
 
-`reader` ranks the conditions of the clinic's table (its textbook) by how well the presentation's symptoms,
-history and demographics fit them, and by any confirming result it finds in the presentation; `symptoms`
-ignores the results. Each writes a short reasoning trace (its differential, why it favours one, why the
-others are less likely) and names its candidate. A sample `s` > 0 draws from a softmax over the scores
-(temperature 1) with FrozenDraw, so independent samples differ and pass@k can grow with k; sequential
+Both know the synthetic cases' textbook (`lookalikes.py`): a presentation's complaint names its group of
+eight look-alikes. `reader` then ranks them by the history (a member's risk factor) and the results: its
+abnormal result confirms a member, its normal result excludes it. `symptoms` reads the complaint and the
+history and ignores every result. Each writes a short reasoning trace (its differential, why it favours one,
+why the others are less likely) and names its candidate. A sample `s` > 0 draws from a softmax over the
+scores (temperature 1) with FrozenDraw, so independent samples differ and pass@k can grow with k; sequential
 attempts walk down the ranking.
 """
 
@@ -14,32 +15,38 @@ import math
 
 from case_env.core.frozen import FrozenDraw
 from case_env.core.policy import Observation, Turn
-from case_env.medicine.conditions import CONDITIONS
-from case_env.medicine.symptoms import symptom_scores
+from case_env.envs.casereason.lookalikes import GROUPS
 
 AGENTS = ("reader", "symptoms")
+GROUP, RISK, CONFIRMS, EXCLUDES = 20.0, 2.0, 10.0, -10.0
 
 
 class Reader:
     def __init__(self, case_id: str, prompt: str, use_results: bool = True):
         self.case_id = case_id
         text = prompt.lower()
-        scores = symptom_scores(prompt, prompt)
-        self.evidence: dict[str, list[str]] = {name: [] for name in scores}
-        if use_results:
-            for name, condition in CONDITIONS.items():
-                for words in condition.signature.values():
-                    hits = [w for w in words if w in text]
-                    if hits:
-                        scores[name] += 10.0
-                        self.evidence[name] += hits
-        self.scores = scores
-        self.ranking = sorted(scores, key=lambda n: (-scores[n], n))
+        self.scores: dict[str, float] = {}
+        self.evidence: dict[str, list[str]] = {}
+        self.excluded: dict[str, str] = {}
+        for group in GROUPS:
+            for member in group.members:
+                score = GROUP if group.complaint.lower() in text else 0.0
+                evidence = [f"the patient {member.risk}"] if member.risk.lower() in text else []
+                score += RISK * len(evidence)
+                if use_results and member.abnormal.lower() in text:
+                    score += CONFIRMS
+                    evidence.append(f"the {member.test} showed {member.abnormal}")
+                if use_results and member.normal.lower() in text:
+                    score += EXCLUDES
+                    self.excluded[member.name] = f"the {member.test} showed {member.normal}"
+                self.scores[member.name], self.evidence[member.name] = score, evidence
+        self.ranking = sorted(self.scores, key=lambda n: (-self.scores[n], n))
 
     def candidate(self, sample: int) -> str:
         if sample == 0:
             return self.ranking[0]
-        weights = [math.exp(self.scores[n] - self.scores[self.ranking[0]]) for n in self.ranking]
+        top = self.scores[self.ranking[0]]
+        weights = [math.exp(self.scores[n] - top) for n in self.ranking]
         u = FrozenDraw(sample, f"casereason/sample/{self.case_id}").unit("pick") * sum(weights)
         for name, weight in zip(self.ranking, weights, strict=True):
             u -= weight
@@ -48,18 +55,17 @@ class Reader:
         return self.ranking[-1]
 
     def trace(self, choice: str) -> str:
-        others = [n for n in self.ranking[:4] if n != choice][:3]
-        family = CONDITIONS[choice].family.replace("_", " ")
-        why = (
-            f"the results show {', '.join(self.evidence[choice])}"
-            if self.evidence[choice]
-            else "the symptoms and history fit it best"
-        )
+        group = [n for n in self.ranking if self.scores[n] >= GROUP + EXCLUDES]  # the complaint's look-alikes
+        others = [n for n in group if n != choice and n not in self.excluded][:3]
+        ruled_out = [n for n in group if n in self.excluded]
+        why = " and ".join(self.evidence[choice]) or "it fits the presentation"
         lines = [
-            f"The presentation is a {family} problem; the differential includes {', '.join(others)} and {choice}.",
+            f"The presentation raises a differential including {', '.join([*others, *ruled_out])} and "
+            f"{choice}.",
             f"{choice[:1].upper()}{choice[1:]} is favoured because {why}.",
         ]
-        lines += [f"{o[:1].upper()}{o[1:]} is less likely." for o in others]
+        lines += [f"{o[:1].upper()}{o[1:]} is less likely because {self.excluded[o]}." for o in ruled_out]
+        lines += [f"{o[:1].upper()}{o[1:]} remains possible." for o in others]
         return " ".join(lines)
 
     def answer(self, sample: int = 0) -> str:

@@ -59,6 +59,7 @@ def to_row(
     persona: PersonaSpec,
     tools: list[str],
     version: str,
+    extraction: tuple[str, str] = ("strict", "reference"),
 ) -> BankRow:
     k = attempts if mode == "sequential" else 1
     extra = ReasoningExtra.for_case(
@@ -80,6 +81,8 @@ def to_row(
             "attempts": k,
             "statements": list(case.statements),
             "recall_weight": recall_weight,
+            "extraction": extraction[0],
+            "eval_extraction": extraction[1],
             "pmcid": case.pmcid,
             "title": case.title,
         },
@@ -98,6 +101,7 @@ def build(
     mode: str = "independent",
     attempts: int = 10,
     recall_weight: float = 0.0,
+    extraction: tuple[str, str] = ("strict", "reference"),
 ) -> BankResult:
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; choose {' or '.join(MODES)}")
@@ -109,6 +113,7 @@ def build(
         fractions,
         seed,
         lambda case, index, split: to_row(
-            case, index, split, mode, attempts, recall_weight, persona, tools, version
+            case, index, split, mode, attempts, recall_weight, persona, tools, version, extraction
         ),
+        given=lambda case: case.split,  # MedCaseReasoning's own train/val/test stay as published
     )

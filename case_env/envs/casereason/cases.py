@@ -2,6 +2,11 @@
 (numbered clinician statements) and `final_diagnosis`, with PMC metadata (`pmcid`, `title`, `journal`,
 `article_link`, `publication_date`), from JSONL, CSV or parquet (docs/sources.md, MedCaseReasoning).
 
+The dataset as Hugging Face serves it (`zou-lab/MedCaseReasoning`: `data/train-00000-of-00001.parquet`,
+`val-…`, `test-…`) loads by directory, the snapshot's or its `data/`; a file named after a split (`train`,
+`val` or `validation`, `test`, alone or before `-`, `_` or `.`) gives its cases that split, which a bank
+keeps.
+
 A row without a prompt or a diagnosis is skipped and reported. Case ids are the PMCID when the row has one,
 else `<file stem>-<row>`; either way they are what the bank's rows and the server's `submit_diagnosis` name.
 """
@@ -17,6 +22,8 @@ from case_env.core.casefiles import gather, records
 
 _ID_UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
 _NUMBERED = re.compile(r"(?:^|\n|\s)(\d{1,2})[.)]\s+")
+_SPLIT = re.compile(r"^(train|val|validation|test)(?=$|[-_.])", re.IGNORECASE)
+SPLIT_NAMES = {"train": "train", "val": "val", "validation": "val", "test": "test"}
 SUFFIXES = (".jsonl", ".csv", ".parquet")
 
 
@@ -29,6 +36,13 @@ class ReasoningCase:
     title: str = ""
     journal: str = ""
     pmcid: str = ""
+    split: str = ""  # the dataset's own split, from the file name
+
+
+def split_of(path: Path) -> str:
+    """The split a file's name gives its cases ("train-00000-of-00001.parquet" → "train"), or ""."""
+    found = _SPLIT.match(path.name)
+    return SPLIT_NAMES[found.group(1).lower()] if found else ""
 
 
 @dataclass
@@ -57,6 +71,7 @@ def statements(text: str) -> tuple[str, ...]:
 
 def read_file(path: Path) -> ReasoningLoad:
     load = ReasoningLoad()
+    split = split_of(path)
     for n, (_number, where, row, problem) in enumerate(records(path)):
         if row is None:
             load.problems.append(f"{where}: skipped, {problem}")
@@ -79,10 +94,17 @@ def read_file(path: Path) -> ReasoningLoad:
                 str(row.get("title") or ""),
                 str(row.get("journal") or ""),
                 pmcid,
+                split,
             )
         )
     return load
 
 
 def load_cases(paths: Iterable[Path]) -> ReasoningLoad:
-    return gather(paths, SUFFIXES, read_file, "case-reasoning", ReasoningLoad())
+    """Cases of files and directories; a directory's `data/` folder (a Hugging Face snapshot) counts too."""
+    expanded: list[Path] = []
+    for path in map(Path, paths):
+        expanded.append(path)
+        if path.is_dir() and (path / "data").is_dir():
+            expanded.append(path / "data")
+    return gather(expanded, SUFFIXES, read_file, "case-reasoning", ReasoningLoad())

@@ -38,6 +38,14 @@ class ReasoningBankOptions(TextBankOptions):
     )
     attempts: int = Field(10, ge=1, le=64, description="Attempts k (sequential).")
     recall_weight: float = Field(0.0, ge=0, description="Reward weight of reasoning recall.")
+    extraction: Literal["strict", "reference"] = Field(
+        "strict",
+        description="How the reward reads the answer in training: strict (the last <answer>, written last) "
+        "or reference (MedCaseReasoning's harness: the first <answer>, else the whole reply).",
+    )
+    eval_extraction: Literal["strict", "reference"] = Field(
+        "reference", description="How case-env eval reads the answer (default: as the harness does)."
+    )
 
 
 class CaseReasonEnvironment(Environment):
@@ -78,7 +86,13 @@ class CaseReasonEnvironment(Environment):
         assert isinstance(options, ReasoningBankOptions)
         paths, loaded = load_text_cases(self, load_cases, options)
         result = build(
-            loaded.cases, options.seed, options.split, options.mode, options.attempts, options.recall_weight
+            loaded.cases,
+            options.seed,
+            options.split,
+            options.mode,
+            options.attempts,
+            options.recall_weight,
+            (options.extraction, options.eval_extraction),
         )
         k = options.attempts if options.mode == "sequential" else 1
         table = [
@@ -128,7 +142,7 @@ class CaseReasonEnvironment(Environment):
 
         def make(item: Item, variant: Variant, repeat: int):
             reader = make_reader(agent, item.extra["patient_id"], item.prompt[-1]["content"])
-            if variant.name.startswith("sample-"):
+            if variant.sample is not None:
                 return SampleReader(reader, evaluation.sample_index(variant, repeat, seed))
             attempts = int(
                 variant.create.get("attempts") or (item.extra.get("casereason") or {}).get("attempts", 1)

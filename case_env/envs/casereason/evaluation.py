@@ -8,8 +8,11 @@ of MedCaseReasoning's candidate readings of "k-shot" (docs/sources.md, MedCaseRe
   them); accuracy at k counts the cases whose first correct attempt is among the first k.
 
 Recall is measured on each case's first independent sample. Every answer is scored by the environment's
-reward function, so eval and training agree on what is correct. With `--repeats`, each repeat adds its own
-samples and its own sequential episode.
+reward function, so eval and training agree on what is correct, except for how the answer is read: eval
+reads it as MedCaseReasoning's harness does (`reference` extraction, a row's `eval_extraction`), training as
+the row says (`strict` unless built otherwise; `reward.py` says why). A model samples at the environment's
+sample temperature (0.6) unless told otherwise; `results.json` records how (`sampling`). With `--repeats`,
+each repeat adds its own samples and its own sequential episode.
 """
 
 from __future__ import annotations
@@ -35,20 +38,22 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 def variants(item: Item) -> list[Variant]:
     settings = dict(item.extra.get("casereason") or {})
+    settings["extraction"] = settings.get("eval_extraction") or "reference"
     single = {"casereason": {**settings, "attempts": 1}}
     multi = {"casereason": {**settings, "attempts": ATTEMPTS}}
     prompt = [dict(m) for m in item.prompt]
     if "submit_diagnosis" not in prompt[-1]["content"]:  # an independent-mode row: say how to attempt
         prompt[-1]["content"] += "\n\n" + SEQUENTIAL_RULE.format(k=ATTEMPTS)
     samples = [
-        Variant(f"sample-{s}", single, {"attempts": 1}, tools=False, max_turns=1) for s in range(SAMPLES)
+        Variant(f"sample-{s}", single, {"attempts": 1}, tools=False, max_turns=1, sample=s)
+        for s in range(SAMPLES)
     ]
     return [*samples, Variant(SEQUENTIAL, multi, {"attempts": ATTEMPTS}, prompt, max_turns=ATTEMPTS + 2)]
 
 
 def sample_index(variant: Variant, repeat: int, seed: int) -> int:
     """Which draw of the reader a sample variant is: repeats and seeds draw new samples."""
-    return int(variant.name.split("-", 1)[1]) + SAMPLES * (seed + repeat)
+    return int(variant.sample or 0) + SAMPLES * (seed + repeat)
 
 
 def _case(rows: list[dict]) -> dict:

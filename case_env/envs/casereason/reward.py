@@ -1,7 +1,14 @@
 """The case-reasoning reward: a pure function of (trajectory text, final diagnosis, extra_info).
 
-The answer is the last `<answer>…</answer>` after the last tool response, with a non-empty `<think>` before
-it for `format_ok`. With sequential attempts (`extra_info.casereason.attempts` = k > 1), the diagnoses the
+Which text is the answer (`extra_info.casereason.extraction`, `EXTRACTIONS`):
+- `strict`, the training default: the last `<answer>…</answer>` after the last tool response, with nothing
+  after it; no answer scores 0. A policy under RL finds every loose end of a rule, and this one leaves none:
+  a tool output never answers, a second answer after the first cannot hedge, and a reply without the tag
+  earns nothing, so the format is learnt.
+- `reference`, the evaluation default: as MedCaseReasoning's harness reads a reply, the first `<answer>` of
+  the final reply and, when it has none, the whole reply (its `<think>` blocks left out), so figures are
+  comparable with the paper's.
+`format_ok` needs a non-empty `<think>` and a tagged answer in either profile. With sequential attempts (`extra_info.casereason.attempts` = k > 1), the diagnoses the
 model submitted with `submit_diagnosis` (its executed calls, `case_env.core.calls`, never tool output) are its
 attempts in order, followed by the final answer when it differs from the last submission; only the first k
 count. `acc` is 1 when one of them is correct; `score` is 1 − (i − 1) / k for the first correct attempt i (a
@@ -24,6 +31,21 @@ from case_env.medicine.diagnosis import canonical
 
 _THINK = re.compile(r"<think>(.*?)(?:</think>|$)", re.DOTALL)
 KEYS = ("score", "acc", "pred", "format_ok", "judge", "recall", "attempts", "first_correct")
+EXTRACTIONS = ("strict", "reference")
+
+
+def extract_answer(text: str, extraction: str = "strict") -> tuple[str | None, bool]:
+    """(the answer, whether it was tagged) under one of `EXTRACTIONS`."""
+    if extraction not in EXTRACTIONS:
+        raise ValueError(f"unknown answer extraction {extraction!r}; choose {' or '.join(EXTRACTIONS)}")
+    reply = final_segment(text)
+    if extraction == "strict":
+        content = last_answer(reply, (ANSWER_TAG,))
+        return (content.strip() or None if content else None), bool(content and content.strip())
+    first = ANSWER_TAG.search(reply)
+    if first is not None:
+        return first.group(1).strip() or None, bool(first.group(1).strip())
+    return reply.strip() or None, False
 
 
 def settings_of(extra_info: dict | None) -> dict:
@@ -49,8 +71,7 @@ def casereason_score(
     text = solution_str or ""
     settings = settings_of(extra_info)
     k = max(1, int(settings.get("attempts", 1)))
-    content = last_answer(final_segment(text), (ANSWER_TAG,))
-    final = content.strip() if content and content.strip() else None
+    final, tagged = extract_answer(text, str(settings.get("extraction") or "strict"))
     trace = "\n".join(_THINK.findall(model_text(text)))
     client = client if client is not None else default_judge()
     attempts = attempts_of(executed_calls(text, extra_info), final)[:k]
@@ -68,7 +89,7 @@ def casereason_score(
         "score": round(score, 6),
         "acc": 1.0 if first else 0.0,
         "pred": final or (attempts[-1] if attempts else ""),
-        "format_ok": bool(final) and bool(trace.strip()),
+        "format_ok": tagged and bool(trace.strip()),
         "judge": how,
         "recall": round(recall.value, 6),
         "attempts": len(attempts),
