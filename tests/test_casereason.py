@@ -344,38 +344,50 @@ def test_eval_reports_accuracy_at_k_in_both_modes_and_recall(dataset, tmp_path):
     assert reader["sequential"]["acc@5"] >= 0.95 and symptoms["sequential"]["acc@5"] <= 0.8
 
 
-def _reader_model(messages: list[dict]) -> dict | str:
+def reader_model(messages: list[dict], apart: bool = False) -> dict:
     """The reader behind the chat protocol: independent requests get its answer; sequential ones (offered
-    submit_diagnosis) submit its ranking until the tool says correct or incorrect for the last time."""
+    submit_diagnosis) submit its ranking until the tool says correct or incorrect for the last time. With
+    `apart`, as a reasoning server (vLLM with a reasoning parser) returns it: the reasoning in
+    `reasoning_content`, the content without `<think>`."""
     from case_env.envs.casereason.agents import Reader
 
     prompt = messages[1]["content"]
     reader = Reader("stub", prompt.split("\n\nSubmit your diagnosis")[0])
     feedback = [m["content"] for m in messages if m["role"] == "tool"]
-    if "submit_diagnosis" not in prompt and not feedback:
-        return reader.answer(0)
-    if feedback and not feedback[-1].startswith("Incorrect. Reconsider"):
-        return f"<think>{reader.trace(reader.ranking[len(feedback) - 1])}</think><answer>{reader.ranking[len(feedback) - 1]}</answer>"
+    if "submit_diagnosis" not in prompt or (
+        feedback and not feedback[-1].startswith("Incorrect. Reconsider")
+    ):
+        choice = reader.ranking[max(len(feedback) - 1, 0)]
+        thought, answer = reader.trace(choice), f"<answer>{choice}</answer>"
+        if apart:
+            return {"role": "assistant", "content": answer, "reasoning_content": thought}
+        return {"role": "assistant", "content": f"<think>\n{thought}\n</think>\n{answer}"}
+    arguments = json.dumps({"diagnosis": reader.ranking[len(feedback)]})
     call = {
         "id": f"s{len(feedback)}",
         "type": "function",
-        "function": {
-            "name": "submit_diagnosis",
-            "arguments": json.dumps({"diagnosis": reader.ranking[len(feedback)]}),
-        },
+        "function": {"name": "submit_diagnosis", "arguments": arguments},
     }
-    return {"role": "assistant", "content": "", "tool_calls": [call]}
+    extra = {"reasoning_content": "Trying the next candidate."} if apart else {}
+    return {"role": "assistant", "content": "", **extra, "tool_calls": [call]}
+
+
+def case_bank(tmp_path: Path, n: int) -> Path:
+    """n synthetic cases in tmp_path/cases (for the server) and a one-split bank of them in tmp_path/bank."""
+    from case_env.core.bank import write
+    from case_env.envs.casereason.bank import build
+
+    write_cases(n, 0, tmp_path / "cases" / "c.jsonl")
+    write(build(read_file(tmp_path / "cases" / "c.jsonl").cases, 0, (1.0, 0.0, 0.0)), tmp_path / "bank", {})
+    return tmp_path / "bank"
 
 
 def test_openai_agent_through_the_chat_protocol(dataset, tmp_path):
-    from case_env.core.bank import write
-    from case_env.envs.casereason.bank import build
     from case_env.eval.openai_agent import ModelSettings
     from case_env.eval.runner import run_eval
 
-    write_cases(12, 0, tmp_path / "cases" / "c.jsonl")
-    write(build(read_file(tmp_path / "cases" / "c.jsonl").cases, 0, (1.0, 0.0, 0.0)), tmp_path / "bank", {})
-    chat = ScriptedChat(_reader_model)
+    case_bank(tmp_path, 12)
+    chat = ScriptedChat(reader_model)
     with (
         serve_app(chat.app) as model_server,
         env(CASE_ENV_CASEREASON_CASES=tmp_path / "cases"),

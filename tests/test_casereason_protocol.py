@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import subprocess
+from functools import partial
 from pathlib import Path
 
 import pyarrow as pa
@@ -19,15 +20,16 @@ import pytest
 from case_env.core.bank import load_items, write
 from case_env.envs.casereason.agents import Reader
 from case_env.envs.casereason.bank import build
-from case_env.envs.casereason.cases import load_cases, read_file
+from case_env.envs.casereason.cases import load_cases
 from case_env.envs.casereason.evaluation import pass_at_k, variants
 from case_env.envs.casereason.grader import grade
 from case_env.envs.casereason.reward import casereason_score, extract_answer
-from case_env.envs.casereason.synth import make_reasoning_case, write_cases
+from case_env.envs.casereason.synth import make_reasoning_case
 from case_env.eval.sft import write_sft
 from case_env.medicine.diagnosis import same_condition
 from tests.chat_stub import ScriptedChat
 from tests.server_harness import live_server, serve_app
+from tests.test_casereason import case_bank, reader_model
 from tests.test_clinic_server import env
 
 DATA = Path(__file__).parent / "data"
@@ -141,9 +143,7 @@ def test_answer_extraction_reference_for_evaluation_strict_for_training(tmp_path
     assert casereason_score("gout", "gout", reference)["acc"] == 1.0  # the whole reply is judged
     assert casereason_score("gout", "gout", {"casereason": {"statements": []}})["acc"] == 0.0  # strict
     # rows train strict and evaluate as the harness reads
-    write_cases(6, 0, tmp_path / "c.jsonl")
-    write(build(read_file(tmp_path / "c.jsonl").cases, 0, (1.0, 0.0, 0.0)), tmp_path / "bank", {})
-    item = load_items(tmp_path / "bank" / "train.parquet")[0]
+    item = load_items(case_bank(tmp_path, 6) / "train.parquet")[0]
     assert item.extra["casereason"]["extraction"] == "strict"
     assert {v.extra["casereason"]["extraction"] for v in variants(item)} == {"reference"}
 
@@ -178,40 +178,12 @@ def _run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([cli, *args], capture_output=True, text=True, timeout=600)
 
 
-def _reasoning_model(messages: list[dict]) -> dict:
-    """A reasoning server (vLLM with a reasoning parser): the reasoning in `reasoning_content`, the answer
-    alone in `content`; for a sequential request, a submit_diagnosis call per candidate in turn."""
-    prompt = messages[1]["content"]
-    reader = Reader("stub", prompt.split("\n\nSubmit your diagnosis")[0])
-    feedback = [m["content"] for m in messages if m["role"] == "tool"]
-    if "submit_diagnosis" in prompt and (not feedback or feedback[-1].startswith("Incorrect. Reconsider")):
-        arguments = json.dumps({"diagnosis": reader.ranking[len(feedback)]})
-        call = {
-            "id": f"s{len(feedback)}",
-            "type": "function",
-            "function": {"name": "submit_diagnosis", "arguments": arguments},
-        }
-        return {
-            "role": "assistant",
-            "content": "",
-            "reasoning_content": "Trying the next candidate.",
-            "tool_calls": [call],
-        }
-    choice = reader.ranking[max(len(feedback) - 1, 0)]
-    return {
-        "role": "assistant",
-        "content": f"<answer>{choice}</answer>",
-        "reasoning_content": reader.trace(choice),
-    }
-
-
 def test_openai_agent_keeps_reasoning_content_samples_above_zero_and_records_it(dataset, tmp_path):
     from case_env.eval.openai_agent import ModelSettings
     from case_env.eval.runner import run_eval
 
-    write_cases(6, 0, tmp_path / "cases" / "c.jsonl")
-    write(build(read_file(tmp_path / "cases" / "c.jsonl").cases, 0, (1.0, 0.0, 0.0)), tmp_path / "bank", {})
-    chat = ScriptedChat(_reasoning_model)
+    case_bank(tmp_path, 6)
+    chat = ScriptedChat(partial(reader_model, apart=True))
     with (
         serve_app(chat.app) as model_server,
         env(CASE_ENV_CASEREASON_CASES=tmp_path / "cases"),
@@ -271,9 +243,7 @@ def test_openai_agent_keeps_reasoning_content_samples_above_zero_and_records_it(
 def test_eval_resume_repeats_and_seed_on_a_case_reasoning_bank(dataset, tmp_path):
     from case_env.eval.runner import run_eval
 
-    write_cases(8, 0, tmp_path / "cases" / "c.jsonl")
-    write(build(read_file(tmp_path / "cases" / "c.jsonl").cases, 0, (1.0, 0.0, 0.0)), tmp_path / "bank", {})
-    bank = tmp_path / "bank" / "train.parquet"
+    bank = case_bank(tmp_path, 8) / "train.parquet"
     with env(CASE_ENV_CASEREASON_CASES=tmp_path / "cases"), live_server(dataset, tmp_path / "srv") as server:
         full = run_eval(bank, server.url, "symptoms", tmp_path / "full", repeats=2, seed=1, progress=False)
         path = tmp_path / "full" / "trajectories.jsonl"

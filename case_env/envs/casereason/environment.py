@@ -1,4 +1,4 @@
-"""The case-reasoning environment (MedCaseReasoning-style): a long case presentation, reasoning in <think>, a
+"""The case-reasoning environment (MedCaseReasoning reproduced): a long case presentation, reasoning in <think>, a
 judged diagnosis in <answer>, k attempts, and recall of the clinician's reasoning statements."""
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ class CaseReasonEnvironment(Environment):
     name = "casereason"
     title = "case-reasoning"
     summary = (
-        "MedCaseReasoning-style: long case presentations, judged diagnosis, k attempts, reasoning recall."
+        "MedCaseReasoning: long case presentations, its judge and harness, k attempts, reasoning recall."
     )
     tools_package = "case_env.tools.casereason"
     personas_package = "case_env.personas.casereason"

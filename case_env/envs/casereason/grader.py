@@ -302,7 +302,8 @@ def _expand(raw: str, other: str) -> str:
         if _entity(acronym) is not None:
             continue  # an abbreviation the tables know means what they say ("PCP"), nothing else
         for start in range(len(words)):
-            for end in range(len(words), start, -1):
+            # a run spells at most one letter per word, plus fillers: longer runs cannot match
+            for end in range(min(len(words), start + 2 * len(letters) + 2), start, -1):
                 run = words[start:end]
                 if digits:
                     if run[-1] != digits:

@@ -1,4 +1,4 @@
-"""The clinic environment (MedExAgent-style): a simulated patient to question, an exam catalogue with costs,
+"""The clinic environment (MedExAgent reproduced): a simulated patient to question, an exam catalogue with costs,
 and a diagnosis as the final answer, under deterministic patient and exam noise."""
 
 from case_env.envs.clinic.environment import ClinicEnvironment

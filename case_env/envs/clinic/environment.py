@@ -1,4 +1,4 @@
-"""The clinic environment (MedExAgent-style): a simulated patient to question, an exam catalogue with costs,
+"""The clinic environment (MedExAgent reproduced): a simulated patient to question, an exam catalogue with costs,
 and a diagnosis as the final answer, under deterministic patient and exam noise."""
 
 from __future__ import annotations
@@ -59,9 +59,7 @@ class ClinicSynthOptions(SynthOptions):
 class ClinicEnvironment(Environment):
     name = "clinic"
     title = "clinic"
-    summary = (
-        "MedExAgent-style: ask the patient, order exams at a cost, diagnose, under patient and exam noise."
-    )
+    summary = "MedExAgent: its exam tools, reward and noise; ask the patient, order exams at a cost, diagnose, under patient and exam noise."
     tools_package = "case_env.tools.clinic"
     personas_package = "case_env.personas.clinic"
     context_model = ClinicEpisode
