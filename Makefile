@@ -27,6 +27,10 @@ $(BIN)/python:
 $(STAMP): pyproject.toml setup.py | $(BIN)/python
 	$(BIN)/python -m pip install --quiet $(TORCH)
 	$(BIN)/python -m pip install --quiet -e '.[dev,verl]'
+	# the openenv extra (the OpenEnv baseline of `case-env bench server`) without its web UI's gradio,
+	# which pins Pillow below 13 and would replace ours; fastmcp is what its server imports
+	$(BIN)/python -m pip install --quiet --no-deps openenv-core==0.3.0
+	$(BIN)/python -m pip install --quiet 'fastmcp>=3.0.0'
 	touch $(STAMP)
 
 demo: $(STAMP)

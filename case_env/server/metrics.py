@@ -51,6 +51,12 @@ class Metrics:
             multiprocess_mode="livesum",
             **kw,
         )
+        self.response_cache = Counter(
+            "case_env_response_cache",
+            "Tool calls by how the response cache answered: hit, shared (an identical call in flight) or miss.",
+            ["result"],
+            **kw,
+        )
         self.episodes_live = Gauge(
             "case_env_episodes_live", "Episodes remembered.", multiprocess_mode="max", **kw
         )

@@ -9,6 +9,11 @@ run concurrently on one event loop over aiohttp, whose client costs a fraction o
 the generator stays light on a machine it shares with the server. Latencies are wall time per call as the
 client sees it, queueing included.
 
+`--mix cheap` plays `list_visits` only, the cheapest call, to measure the framework's cost per call rather
+than the tools'. `--protocol openenv` speaks OpenEnv's (`POST /step` with the call as the action), so the
+same load drives the OpenEnv baseline. `--record DIR` keeps the first successful answer of each tool, the
+bytes the floor baseline replays.
+
     python -m case_env.envs.imaging.bench.load URL PATIENTS_FILE OUT_JSON --rollouts N --duration S --warmup S
 """
 
@@ -76,6 +81,15 @@ def episode_calls(rng: random.Random) -> list[tuple[str, dict]]:
     ]
 
 
+MIXES = ("episode", "cheap")
+PROTOCOLS = ("case-env", "openenv")
+
+
+def cheap_calls(rng: random.Random) -> list[tuple[str, dict]]:
+    """The cheap mix: an episode of list_visits calls only (answered from memory, no pixels)."""
+    return [("list_visits", {})] * 9
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     if not ordered:
@@ -99,28 +113,37 @@ async def _rollout(
     think_s: float,
     episodes: int | None = None,
     member: int = 0,
+    plan=episode_calls,
+    protocol: str = "case-env",
+    record: Path | None = None,
 ) -> None:
     done = 0
     while time.perf_counter() < stop and (episodes is None or done < episodes):
         done += 1
         patient = rng.choice(patients)
         episode = f"bench-{rng.getrandbits(64):016x}-{member}"  # members of a group share the draws
-        for tool, arguments in episode_calls(rng):
+        for tool, arguments in plan(rng):
             if think_s > 0:
                 await asyncio.sleep(rng.expovariate(1 / think_s))  # the policy generating its next turn
             if time.perf_counter() >= stop:
                 return
             body = {"episode_id": episode, "patient_id": patient, "arguments": arguments}
+            if protocol == "openenv":
+                target, body = f"{url}/step", {"action": {"tool": tool, **body}}
+            else:
+                target = f"{url}/v1/tools/{tool}"
             started = time.perf_counter()
             try:
-                async with session.post(f"{url}/v1/tools/{tool}", json=body) as response:
+                async with session.post(target, json=body) as response:
                     payload = await response.read()
                     if response.status != 200:
                         kind = f"http_{response.status}"
-                    elif b'"ok":true' not in payload[:200]:
-                        kind = f"tool_{json.loads(payload)['error']['code']}"
+                    elif b'"ok":true' not in payload:
+                        kind = f"tool_{_error_code(payload)}"
                     else:
                         kind = "ok"
+                        if record is not None and not (record / f"{tool}.json").exists():
+                            (record / f"{tool}.json").write_bytes(payload)
             except (aiohttp.ClientError, TimeoutError) as exc:
                 kind = type(exc).__name__
             elapsed = time.perf_counter() - started
@@ -128,6 +151,12 @@ async def _rollout(
                 tally.samples[tool].append(elapsed)
             else:
                 tally.errors[kind] += 1
+
+
+def _error_code(payload: bytes) -> str:
+    document = json.loads(payload)
+    error = document.get("error") or (document.get("observation") or {}).get("error") or {}
+    return str(error.get("code", "unknown"))
 
 
 async def run_load(
@@ -140,7 +169,13 @@ async def run_load(
     think_s: float = 0.0,
     episodes: int | None = None,
     group_size: int = 1,
+    mix: str = "episode",
+    protocol: str = "case-env",
+    record: Path | None = None,
 ) -> dict:
+    plan = cheap_calls if mix == "cheap" else episode_calls
+    if record is not None:
+        record.mkdir(parents=True, exist_ok=True)
     connector = aiohttp.TCPConnector(limit=rollouts, limit_per_host=rollouts)
     timeout = aiohttp.ClientTimeout(total=60)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
@@ -162,6 +197,9 @@ async def run_load(
                         think_s,
                         limit,
                         member=n % group_size,
+                        plan=plan,
+                        protocol=protocol,
+                        record=record,
                     )
                     for n in range(rollouts)
                 ]
@@ -169,10 +207,10 @@ async def run_load(
 
         await phase(warmup, Tally(), None)
         tally = Tally()
-        started = time.perf_counter()
+        began, started = time.time(), time.perf_counter()
         await phase(duration, tally, episodes)
         elapsed = time.perf_counter() - started
-    return summarise(tally, rollouts, elapsed)
+    return {**summarise(tally, rollouts, elapsed), "window": [began, began + elapsed]}
 
 
 def summarise(tally: Tally, rollouts: int, elapsed: float) -> dict:
@@ -213,6 +251,9 @@ def main() -> None:
         "--episodes", type=int, default=None, help="Stop each rollout after this many episodes."
     )
     parser.add_argument("--group-size", type=int, default=1, help="Rollouts that share patient and calls.")
+    parser.add_argument("--mix", choices=MIXES, default="episode", help="Which calls an episode makes.")
+    parser.add_argument("--protocol", choices=PROTOCOLS, default="case-env", help="The server's wire format.")
+    parser.add_argument("--record", type=Path, default=None, help="Keep each tool's first answer here.")
     a = parser.parse_args()
     patients = [line.strip() for line in a.patients.read_text().splitlines() if line.strip()]
     result = asyncio.run(
@@ -226,6 +267,9 @@ def main() -> None:
             a.think_ms / 1000,
             a.episodes,
             a.group_size,
+            a.mix,
+            a.protocol,
+            a.record,
         )
     )
     a.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")

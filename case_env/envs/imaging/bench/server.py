@@ -1,10 +1,19 @@
-"""`case-env bench server`: throughput and per-tool latency of the real server under many concurrent rollouts,
-optionally against the naive reference engine in the same run.
+"""`case-env bench server`: throughput, per-tool latency and server CPU per call of the real server under
+many concurrent rollouts, against peers and floors in the same run.
 
-Each engine is served by uvicorn in its own process group (same worker count, loopback); the load generator
-(`case_env.envs.imaging.bench.load`) runs as a third process. While it runs, this process samples the server's process
-tree for CPU time and resident memory. `bench.json` holds every run, the ratios against the naive engine
-and which targets were met; `bench.png` plots them.
+Baselines (`--baseline naive,openenv,floor`, any subset):
+- `naive`: the same app over a naive data engine (`naive.py`): what the engine buys.
+- `openenv`: the same tools through OpenEnv's own app factory (`openenv_engine.py`, the `openenv` extra).
+- `floor`: a bare Starlette route replaying the answers case-env gave earlier in the run (`floor.py`).
+
+Each engine is served by uvicorn in its own process group (same worker count, loopback) and driven by the
+load generator (`case_env.envs.imaging.bench.load`) as a separate process, twice: the episode mix (a whole
+imaging episode, renders included) and the cheap mix (`list_visits` only, the framework's own cost).
+case-env runs both mixes with its response cache on and off. While a load runs, this process samples the
+server's process tree for CPU time and memory, so each run reports server CPU per call over exactly the
+measured window. `bench.json` holds every run, `ratio_vs_<baseline>` per mix (throughput and server CPU per
+call as case-env ÷ baseline, p99 as baseline ÷ case-env), the response cache's hit rate and which targets
+were met; `bench.png` plots them.
 """
 
 from __future__ import annotations
@@ -18,7 +27,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -27,17 +36,32 @@ import psutil
 from case_env.bench.process import ServerProcess, free_port
 from case_env.envs.imaging.bench.load import episode_calls
 from case_env.envs.imaging.data.index import scan
+from case_env.settings import DataSettings
 
 ENGINES = {
     "case-env": "case_env.server.app:create_app",
     "naive": "case_env.envs.imaging.bench.naive:create_app",
+    "openenv": "case_env.envs.imaging.bench.openenv_engine:create_app",
+    "floor": "case_env.envs.imaging.bench.floor:create_app",
 }
+BASELINES = ("naive", "openenv", "floor")
+PROTOCOL = {"openenv": "openenv"}  # the load generator speaks case-env's protocol to the others
+MIXES = ("episode", "cheap")
 RENDER_TOOLS = ("render_slice", "render_comparison")
+BENCH_PATIENTS = 48  # the default dataset: enough patients that the response cache is not the headline
 PROBE_EPISODES = 2  # episodes of the unloaded single-rollout probe after each load
 PROBE_LIMIT_S = 120.0
 
-# issue 6: 256 concurrent rollouts on this 2-core machine
-TARGETS = {"calls_per_s": 600.0, "render_p99_ms": 250.0, "text_p99_ms": 100.0, "ratio_throughput": 30.0}
+# issue 6: 256 concurrent rollouts on this 2-core machine; issue 19: the cheap call within 2x the floor's
+# server CPU, 1,500 calls/s with the response cache off
+TARGETS = {
+    "calls_per_s": 600.0,
+    "render_p99_ms": 250.0,
+    "text_p99_ms": 100.0,
+    "ratio_throughput": 30.0,
+    "cheap_cpu_vs_floor": 2.0,
+    "calls_per_s_no_cache": 1500.0,
+}
 
 
 @dataclass
@@ -50,6 +74,7 @@ class Sampler:
     peak_rss: int = 0
     peak_pss: int = 0
     _stop: bool = False
+    samples: list[tuple[float, float]] = field(default_factory=list)  # (wall time, CPU seconds)
 
     def _tree(self) -> list[psutil.Process]:
         try:
@@ -65,8 +90,17 @@ class Sampler:
                 total += times.user + times.system
         return total
 
+    def cpu_between(self, start: float, end: float) -> float:
+        """CPU seconds the tree spent between two wall times, from the samples nearest each."""
+
+        def at(moment: float) -> float:
+            return min(self.samples, key=lambda sample: abs(sample[0] - moment))[1]
+
+        return at(end) - at(start) if self.samples else 0.0
+
     def _run(self) -> None:
         while not self._stop:
+            self.samples.append((time.time(), self.cpu_seconds()))
             rss = pss = 0
             for proc in self._tree():
                 with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
@@ -85,122 +119,122 @@ class Sampler:
         self._thread.join()
 
 
+@dataclass(frozen=True)
+class Load:
+    """What one engine run asks of the load generator."""
+
+    rollouts: int
+    duration: float
+    warmup: float
+    think_ms: float = 0.0
+    group_size: int = 1
+
+
 def run_engine(
     engine: str,
     data_root: Path,
     patients_file: Path,
     scratch: Path,
-    rollouts: int,
-    duration: float,
-    warmup: float,
+    load: Load,
     workers: int,
     cache_mb: int | None,
-    think_ms: float = 0.0,
-    group_size: int = 1,
+    mix: str = "episode",
+    response_cache: bool = True,
+    record: Path | None = None,
 ) -> dict:
+    """One engine under one load: its figures, server CPU per call over the measured window and (case-env)
+    how its response cache answered. `record` keeps each tool's first answer for the floor."""
     port = free_port()
+    tag = f"{engine}-{mix}-{'cache' if response_cache else 'nocache'}"
     env = {
         "CASE_ENV_DATA_ROOT": str(data_root),
-        "CASE_ENV_CACHE_DIR": str(scratch / "cache"),
-        "CASE_ENV_EPISODE_DB": str(scratch / f"episodes-{engine}.sqlite"),
-        "PROMETHEUS_MULTIPROC_DIR": str(scratch / f"metrics-{engine}"),
+        "CASE_ENV_CACHE_DIR": str(DataSettings(data_root=data_root).cache_dir),  # decoded once, for every run
+        "CASE_ENV_EPISODE_DB": str(scratch / f"episodes-{tag}.sqlite"),
+        "PROMETHEUS_MULTIPROC_DIR": str(scratch / f"metrics-{tag}"),
         "CASE_ENV_TOKEN": None,
         "CASE_ENV_AUDIT_LOG": None,
+        "CASE_ENV_FLOOR_ANSWERS": str(scratch / "answers"),
     }
+    if not response_cache:
+        env["CASE_ENV_RESPONSE_CACHE_MB"] = "0"
     if cache_mb is not None:
         env["CASE_ENV_CACHE_BYTES"] = str(cache_mb * 2**20)
-    (scratch / f"metrics-{engine}").mkdir(parents=True, exist_ok=True)
+    (scratch / f"metrics-{tag}").mkdir(parents=True, exist_ok=True)
     command = [
-        sys.executable,
-        "-m",
-        "uvicorn",
-        ENGINES[engine],
-        "--factory",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--workers",
-        str(workers),
-        "--log-level",
-        "warning",
-        "--no-access-log",
+        *(sys.executable, "-m", "uvicorn", ENGINES[engine], "--factory", "--host", "127.0.0.1"),
+        *("--port", str(port), "--workers", str(workers), "--log-level", "warning", "--no-access-log"),
     ]
-    with ServerProcess(scratch / f"server-{engine}.log", env, port=port, command=command) as server:
+    protocol = PROTOCOL.get(engine, "case-env")
+    with ServerProcess(scratch / f"server-{tag}.log", env, port=port, command=command) as server:
         url = server.url
         with Sampler(psutil.Process(server.pid)) as sampler:
-            cpu_before, started = sampler.cpu_seconds(), time.perf_counter()
-            result = _load(
-                url,
-                patients_file,
-                scratch / f"load-{engine}.json",
-                rollouts,
-                duration,
-                warmup,
-                think_ms,
-                group_size=group_size,
-            )
-            cpu_after, elapsed = sampler.cpu_seconds(), time.perf_counter() - started
+            result = _load(url, patients_file, scratch / f"load-{tag}.json", load, mix, protocol, record)
+        cpu = sampler.cpu_between(*result["window"])
+        cache = (_response_cache(url) if response_cache else 0.0) if engine in ("case-env", "naive") else None
         # one rollout alone, once the backlog has drained: each tool's service time without queueing
-        _drain(url)
+        if engine in ("case-env", "naive"):
+            _drain(url)
         probe = _load(
-            url,
-            patients_file,
-            scratch / f"probe-{engine}.json",
-            1,
-            PROBE_LIMIT_S,
-            0.0,
-            0.0,
-            episodes=PROBE_EPISODES,
+            url, patients_file, scratch / f"probe-{tag}.json", PROBE, mix, protocol, None, PROBE_EPISODES
         )
+    calls = max(result["calls"], 1)
     result.update(
         {
             "engine": engine,
+            "mix": mix,
+            "response_cache": response_cache,
             "workers": workers,
-            "server_cpu_cores": round((cpu_after - cpu_before) / elapsed, 2),
+            "server_cpu_cores": round(cpu / result["duration_s"], 2),
+            "server_cpu_ms_per_call": round(1000 * cpu / calls, 3),
             "server_peak_rss_mb": round(sampler.peak_rss / 2**20, 1),
             "server_peak_pss_mb": round(sampler.peak_pss / 2**20, 1),
             "unloaded_ms": {tool: f["mean"] for tool, f in probe["latency_ms"].items()},
-            "unloaded_episode_ms": _episode_ms(probe),
+            "unloaded_episode_ms": _episode_ms(probe) if mix == "episode" else None,
         }
     )
+    if cache is not None:
+        result["response_cache_hit_rate"] = cache
     return result
+
+
+PROBE = Load(1, PROBE_LIMIT_S, 0.0)
 
 
 def _load(
     url: str,
     patients_file: Path,
     out: Path,
-    rollouts: int,
-    duration: float,
-    warmup: float,
-    think_ms: float,
+    load: Load,
+    mix: str,
+    protocol: str,
+    record: Path | None,
     episodes: int | None = None,
-    group_size: int = 1,
 ) -> dict:
     command = [
-        sys.executable,
-        "-m",
-        "case_env.envs.imaging.bench.load",
-        url,
-        str(patients_file),
-        str(out),
-        "--rollouts",
-        str(rollouts),
-        "--duration",
-        str(duration),
-        "--warmup",
-        str(warmup),
-        "--think-ms",
-        str(think_ms),
+        *(sys.executable, "-m", "case_env.envs.imaging.bench.load", url, str(patients_file), str(out)),
+        *("--rollouts", str(load.rollouts), "--duration", str(load.duration), "--warmup", str(load.warmup)),
+        *("--think-ms", str(load.think_ms), "--group-size", str(load.group_size)),
+        *("--mix", mix, "--protocol", protocol),
     ]
     if episodes is not None:
         command += ["--episodes", str(episodes)]
-    command += ["--group-size", str(group_size)]
-    load = subprocess.run(command, capture_output=True, text=True)
-    if load.returncode != 0:
-        raise RuntimeError(f"load generator failed: {load.stderr[-2000:]}")
+    if record is not None:
+        command += ["--record", str(record)]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"load generator failed: {done.stderr[-2000:]}")
     return json.loads(out.read_text())
+
+
+def _response_cache(url: str) -> float | None:
+    """The share of calls the response cache answered (hit or shared), from the server's own counters."""
+    counts = {"hit": 0.0, "shared": 0.0, "miss": 0.0}
+    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+        if line.startswith("case_env_response_cache_total{"):
+            result = line.split('result="', 1)[1].split('"', 1)[0]
+            counts[result] = counts.get(result, 0.0) + float(line.split()[-1])
+    total = sum(counts.values())
+    return round((counts["hit"] + counts["shared"]) / total, 3) if total else None
 
 
 def _drain(url: str, limit_s: float = 60.0) -> None:
@@ -230,22 +264,76 @@ def _worst_p99(run: dict, tools: tuple[str, ...], include: bool) -> float:
     return max(values) if values else float("nan")
 
 
-def verdict(fast: dict, naive: dict | None) -> dict:
+def verdict(runs: dict[str, dict], ratios: dict[str, dict]) -> dict:
+    fast = runs["case-env"]
     checks = {
         "calls_per_s": fast["calls_per_s"] >= TARGETS["calls_per_s"],
         "render_p99_ms": _worst_p99(fast, RENDER_TOOLS, True) < TARGETS["render_p99_ms"],
         "text_p99_ms": _worst_p99(fast, RENDER_TOOLS, False) < TARGETS["text_p99_ms"],
-        "zero_errors": not fast["errors"],
+        "zero_errors": not any(run["errors"] for run in runs.values()),
+        "calls_per_s_no_cache": runs["case-env/no-cache"]["calls_per_s"] >= TARGETS["calls_per_s_no_cache"],
     }
-    if naive is not None:
-        checks["ratio_throughput"] = (
-            _ratio(fast["calls_per_s"], naive["calls_per_s"]) >= TARGETS["ratio_throughput"]
+    if "naive" in ratios:
+        checks["ratio_throughput"] = ratios["naive"]["episode"]["throughput"] >= TARGETS["ratio_throughput"]
+    if "floor" in ratios:
+        checks["cheap_cpu_vs_floor"] = all(
+            ratios["floor"][mix]["cpu_per_call"] <= TARGETS["cheap_cpu_vs_floor"]
+            for mix in ("cheap", "cheap/no-cache")
         )
     return checks
 
 
 def _ratio(a: float, b: float) -> float:
-    return round(a / b, 1) if b else float("inf")
+    return round(a / b, 2) if b else float("inf")
+
+
+def ratios_vs(runs: dict[str, dict], baseline: str) -> dict:
+    """case-env against one baseline, mix by mix (and case-env's no-cache runs against the same mix)."""
+    out = {}
+    for name, run in runs.items():
+        if run["engine"] != "case-env":
+            continue
+        other = runs[baseline if run["mix"] == "episode" else f"{baseline}/cheap"]
+        key = name.removeprefix("case-env/") if name != "case-env" else "episode"
+        out[key] = {
+            "throughput": _ratio(run["calls_per_s"], other["calls_per_s"]),
+            "p99": _ratio(other["latency_ms_all"]["p99"], run["latency_ms_all"]["p99"]),
+            "cpu_per_call": _ratio(run["server_cpu_ms_per_call"], other["server_cpu_ms_per_call"]),
+        }
+    if baseline == "naive" and "episode" in out:
+        naive, fast = runs["naive"], runs["case-env"]
+        out["episode"]["unloaded_episode"] = _ratio(
+            naive["unloaded_episode_ms"] or 0, fast["unloaded_episode_ms"] or 0
+        )
+    return out
+
+
+def _decode_once(data_root: Path, patients: list[str]) -> None:
+    """Every patient's volumes decoded into the shared cache before the first run, so no run pays for
+    decoding that the next run reuses (the order of runs would otherwise decide the figures)."""
+    from case_env.core import registry
+
+    store = registry.get("imaging").open_store(DataSettings(data_root=data_root))
+    for patient in patients:
+        store.patients.preload(patient)
+
+
+def parse_baselines(text: str | None) -> list[str]:
+    """'naive,openenv,floor' (any subset, in any order) → the list, checked."""
+    chosen = [b.strip() for b in (text or "").split(",") if b.strip()]
+    unknown = [b for b in chosen if b not in BASELINES]
+    if unknown:
+        raise ValueError(
+            f"unknown baseline {unknown[0]!r}; choose from {', '.join(BASELINES)} (comma-separated)"
+        )
+    if "openenv" in chosen:
+        try:
+            import openenv.core.env_server.http_server  # noqa: F401
+        except ImportError as exc:
+            raise ValueError(
+                f"the openenv baseline needs openenv-core ({exc}); install the extra: pip install 'case-env[openenv]'"
+            ) from exc
+    return list(dict.fromkeys(chosen))
 
 
 def run_server_bench(
@@ -255,32 +343,34 @@ def run_server_bench(
     duration: float,
     workers: int,
     warmup: float,
-    baseline: str | None = None,
+    baselines: list[str] | None = None,
     cache_mb: int | None = None,
     think_ms: float = 0.0,
     group_size: int = 1,
 ) -> dict:
     out.mkdir(parents=True, exist_ok=True)
+    baselines = baselines or []
     index = scan(data_root)
+    load = Load(rollouts, duration, warmup, think_ms, group_size)
+    _decode_once(data_root, index.patient_ids())
     with tempfile.TemporaryDirectory(prefix="case-env-bench-") as tmp:
         scratch = Path(tmp)
         patients_file = scratch / "patients.txt"
         patients_file.write_text("".join(f"{p}\n" for p in index.patient_ids()))
-        engines = ["case-env", *([baseline] if baseline else [])]
-        args = (
-            data_root,
-            patients_file,
-            scratch,
-            rollouts,
-            duration,
-            warmup,
-            workers,
-            cache_mb,
-            think_ms,
-            group_size,
-        )
-        runs = {engine: run_engine(engine, *args) for engine in engines}
-    fast, naive = runs["case-env"], runs.get("naive")
+
+        def run(engine: str, mix: str, cache: bool = True, record: Path | None = None) -> dict:
+            return run_engine(
+                engine, data_root, patients_file, scratch, load, workers, cache_mb, mix, cache, record
+            )
+
+        runs = {"case-env": run("case-env", "episode", record=scratch / "answers")}
+        runs["case-env/no-cache"] = run("case-env", "episode", cache=False)
+        runs["case-env/cheap"] = run("case-env", "cheap")
+        runs["case-env/cheap/no-cache"] = run("case-env", "cheap", cache=False)
+        for baseline in baselines:
+            runs[baseline] = run(baseline, "episode")
+            runs[f"{baseline}/cheap"] = run(baseline, "cheap")
+    ratios = {baseline: ratios_vs(runs, baseline) for baseline in baselines}
     result = {
         "benchmark": "server",
         "patients": len(index.patient_ids()),
@@ -289,16 +379,12 @@ def run_server_bench(
         "group_size": group_size,
         "workers": workers,
         "machine_cpus": os.cpu_count(),
+        "baselines": baselines,
         "targets": TARGETS,
         "runs": runs,
-        "met": verdict(fast, naive),
+        **{f"ratio_vs_{baseline}": r for baseline, r in ratios.items()},
+        "met": verdict(runs, ratios),
     }
-    if naive is not None:
-        result["ratio_vs_naive"] = {
-            "throughput": _ratio(fast["calls_per_s"], naive["calls_per_s"]),
-            "p99": _ratio(naive["latency_ms_all"]["p99"], fast["latency_ms_all"]["p99"]),
-            "unloaded_episode": _ratio(naive["unloaded_episode_ms"] or 0, fast["unloaded_episode_ms"] or 0),
-        }
     (out / "bench.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     plot(result, out / "bench.png")
     return result
@@ -311,22 +397,24 @@ def plot(result: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     runs = result["runs"]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    left.bar(list(runs), [r["calls_per_s"] for r in runs.values()], color=["#2a7", "#c54"][: len(runs)])
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.5))
+    left.bar(list(runs), [r["calls_per_s"] for r in runs.values()])
     left.set_ylabel("tool calls per second")
     left.set_yscale("log")
+    left.tick_params(axis="x", labelrotation=45)
     left.set_title(f"{result['rollouts']} concurrent rollouts, {result['workers']} worker(s)")
+    episode = {name: run for name, run in runs.items() if run["mix"] == "episode"}
     tools = sorted(runs["case-env"]["latency_ms"])
-    width = 0.8 / len(runs)
-    for k, (engine, run) in enumerate(runs.items()):
+    width = 0.8 / len(episode)
+    for k, (name, run) in enumerate(episode.items()):
         right.bar(
             [i + k * width for i in range(len(tools))],
             [run["latency_ms"].get(t, {}).get("p99", 0) for t in tools],
             width,
-            label=engine,
+            label=name,
         )
     right.set_xticks(
-        [i + width * (len(runs) - 1) / 2 for i in range(len(tools))], tools, rotation=30, ha="right"
+        [i + width * (len(episode) - 1) / 2 for i in range(len(tools))], tools, rotation=30, ha="right"
     )
     right.set_yscale("log")
     right.set_ylabel("p99 latency (ms)")
