@@ -80,3 +80,40 @@ def test_naive_engine_answers_the_same_calls(dataset):
     # windows differ slightly (all voxels against a strided sample): the same anatomy, nearly the same grey
     difference = np.abs(np.asarray(fast_image, float) - np.asarray(naive_image, float))
     assert difference.mean() < 4
+
+
+def _rgb_overlay(gray: Image.Image, labels: np.ndarray, palette: np.ndarray) -> np.ndarray:
+    """The RGB rendering the palette overlay replaced (issue 19), as the reference."""
+    rgb = np.stack([np.asarray(gray)] * 3, axis=-1)
+    edge = render.contour_mask(labels)
+    rgb[edge] = palette[labels[edge]]
+    return rgb
+
+
+@pytest.mark.parametrize("levels", [200, 256])
+def test_palette_overlay_keeps_outlines_exact_and_greys_within_one_level(levels):
+    """With grey levels to spare the palette overlay is pixel-exact; when the slice uses all 256, the
+    rarest levels move by one and nothing else changes; white stays white for the orientation letters."""
+    rng = np.random.default_rng(levels)
+    gray = Image.fromarray(rng.integers(0, levels, (120, 90), dtype=np.uint8), "L")
+    labels = np.zeros((120, 90), np.uint8)
+    for organ, (top, left) in enumerate([(10, 10), (40, 30), (70, 50), (20, 60)], start=1):
+        labels[top : top + 30, left : left + 25] = organ
+    palette = np.zeros((256, 3), np.uint8)
+    palette[1:5] = [(255, 0, 0), (0, 255, 0), (0, 0, 255), (255, 255, 0)]
+    image = render.overlay_contours(gray, labels, palette)
+    assert image.mode == "P"
+    decoded = Image.open(io.BytesIO(render.encode_png(image)))
+    assert decoded.mode == "P"
+    got = np.asarray(decoded.convert("RGB")).astype(int)
+    want = _rgb_overlay(gray, labels, palette).astype(int)
+    edge = render.contour_mask(labels)
+    assert np.array_equal(got[edge], want[edge])  # every outline pixel exactly its organ's colour
+    difference = np.abs(got - want).max(axis=-1)
+    if levels < 256 - 4:
+        assert difference.max() == 0
+    else:
+        assert difference.max() == 1 and (difference > 0).mean() < 0.03
+    with pytest.raises(ValueError, match="before the palette overlay"):
+        render.stamp_text(image, (2, 2), "R")  # Pillow would blend palette indices
+    assert render.overlay_contours(gray, np.zeros_like(labels), palette) is gray  # nothing to outline

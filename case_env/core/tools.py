@@ -108,6 +108,9 @@ class ToolSpec:
     parameters: dict = field(default_factory=dict)
     renders: bool = False  # draws images: runs in the render pool, so text tools never queue behind it
     remember: bool = False  # later calls of the episode need this call's answer (the caller keeps it)
+    # answers from memory in microseconds: runs on the event loop, since a hop to a pool thread and back
+    # costs the server more than the call (no file is read, nothing can block)
+    inline: bool = False
 
     def openai_schema(self) -> dict:
         function = {"name": self.name, "description": self.description, "parameters": self.parameters}
@@ -193,12 +196,15 @@ def tool_spec(
     run: Handler,
     renders: bool = False,
     remember: bool = False,
+    inline: bool = False,
 ) -> ToolSpec:
     """One tool, checked: its Args forbid extra fields and hold scalars and enums only."""
     if args.model_config.get("extra") != "forbid":
         raise TypeError(f"tool {name}: Args must forbid extra fields")
+    if inline and renders:
+        raise TypeError(f"tool {name}: a tool that renders cannot run inline")
     parameters = function_parameters(name, args)
-    return ToolSpec(name, description, tuple(personas), args, run, parameters, renders, remember)
+    return ToolSpec(name, description, tuple(personas), args, run, parameters, renders, remember, inline)
 
 
 def spec_from_module(module: Any) -> ToolSpec:
@@ -210,6 +216,7 @@ def spec_from_module(module: Any) -> ToolSpec:
         module.run,
         getattr(module, "RENDERS", False),
         getattr(module, "REMEMBER", False),
+        getattr(module, "INLINE", False),
     )
 
 

@@ -25,6 +25,7 @@ from case_env.server.audit import AuditLog
 from case_env.server.auth import AuthError
 from case_env.server.episodes import EpisodeStore
 from case_env.server.errors import describe, error_response, short
+from case_env.server.fastpath import ToolCallFastPath
 from case_env.server.limits import BodyLimit
 from case_env.server.metrics import Metrics
 from case_env.server.replay import ReplayBook
@@ -173,6 +174,7 @@ def create_app(
             state.audit.close()
 
     app = FastAPI(title="case-env", version=__version__, description=DESCRIPTION, lifespan=lifespan)
+    app.add_middleware(ToolCallFastPath)  # inside the body limit (the last added is the outermost)
     app.add_middleware(
         BodyLimit, max_bytes=settings.max_body_bytes, per_path={"/v1/score": settings.max_score_body_bytes}
     )

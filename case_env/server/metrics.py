@@ -26,6 +26,7 @@ class Metrics:
     content_type = CONTENT_TYPE_LATEST
 
     def __init__(self) -> None:
+        self._children: dict[tuple[str, str], tuple] = {}
         self.multiprocess = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
         self.registry = None if self.multiprocess else CollectorRegistry()
         kw = {"registry": self.registry} if self.registry is not None else {}
@@ -62,8 +63,14 @@ class Metrics:
         )
 
     def observe(self, tool: str, status: str, seconds: float) -> None:
-        self.calls.labels(tool, status).inc()
-        self.latency.labels(tool).observe(seconds)
+        children = self._children.get((tool, status))
+        if children is None:  # looking labels up costs more than counting: once per (tool, status)
+            children = self._children[(tool, status)] = (
+                self.calls.labels(tool, status),
+                self.latency.labels(tool),
+            )
+        children[0].inc()
+        children[1].observe(seconds)
 
     def render(self) -> bytes:
         if self.multiprocess:

@@ -17,6 +17,7 @@ DESCRIPTION = (
     "and a radiology report exist. Call this first to learn which visits you can compare."
 )
 PERSONAS = IMAGING_PERSONAS
+INLINE = True  # the scanned index, in memory: microseconds, served on the event loop
 
 
 class Args(BaseModel):

@@ -137,13 +137,19 @@ async def call_tool(
     body: ToolCallRequest,
     name: str = Path(max_length=64, description="Tool name, as listed by GET /v1/tools."),
 ) -> Response:
-    state: ServerState = request.app.state.server
+    status, headers, payload = await answer(request.app.state.server, name, body)
+    return Response(payload, status_code=status, headers=headers, media_type="application/json")
+
+
+async def answer(state: ServerState, name: str, body: ToolCallRequest) -> tuple[int, dict[str, str], bytes]:
+    """One tool call, whole: served, counted, audited, recorded in its episode; (status, headers, JSON body).
+    The FastAPI route above and the server's fast path (`case_env.server.fastpath`) both answer with it."""
     started = time.perf_counter()
     outcome = await _serve(state, name, body, started)
     latency_ms = (time.perf_counter() - started) * 1000
     status = outcome.error.code.value if outcome.error else "ok"
     state.metrics.observe(name if name in state.tools else "_unknown", status, latency_ms / 1000)
-    state.metrics.cache_bytes.set(state.memory_bytes())
+    state.note_memory()
     state.audit.write(
         episode_id=body.episode_id,
         patient_id=body.patient_id,
@@ -166,12 +172,7 @@ async def call_tool(
         error=outcome.error,
         latency_ms=round(latency_ms, 2),
     )
-    return Response(
-        payload.model_dump_json(),
-        status_code=outcome.status,
-        headers=outcome.headers,
-        media_type="application/json",
-    )
+    return outcome.status, outcome.headers, payload.model_dump_json().encode()
 
 
 async def _serve(state: ServerState, name: str, body: ToolCallRequest, started: float) -> Outcome:
@@ -244,8 +245,10 @@ async def _run(
         return Outcome.failure(exc.code, exc.message, bound=True)
     context = env.tool_context(state.stores.get(env_name), body.patient_id, episode)
     compute = functools.partial(_compute, state, spec, args, context, started)
-    if state.replay is not None or state.responses.max_bytes <= 0:
-        return await compute()  # replay answers from recordings; a zero budget turns the cache off
+    if spec.inline or state.replay is not None or state.responses.max_bytes <= 0:
+        # an inline tool answers faster than its cache key is built; replay answers from recordings; a
+        # zero budget turns the cache off
+        return await compute()
     episode_key = episode.model_dump_json() if episode is not None else ""
     fingerprint = state.fingerprint(env_name, body.patient_id) if state.replay is None else ()
     key = (spec.name, body.patient_id, canonical_arguments(args), episode_key, fingerprint)
@@ -287,6 +290,11 @@ async def _compute(
             return Outcome.failure(ErrorCode.DATA_UNAVAILABLE, message, bound=True)
         return _success(result)
 
+    if spec.inline:  # microseconds from memory: a pool thread would cost more than the call
+        try:
+            return job()
+        except Exception:
+            return _internal(spec)
     remaining = state.settings.tool_deadline_s - (time.perf_counter() - started)
     future = (state.render_pool if spec.renders else state.text_pool).submit(job)
     try:
@@ -297,8 +305,12 @@ async def _compute(
             ErrorCode.DEADLINE_EXCEEDED, f"the call took longer than {seconds:g} s", bound=True
         )
     except Exception:
-        log.exception("tool %s failed unexpectedly", spec.name)
-        return Outcome.failure(ErrorCode.INTERNAL, "internal error; the failure was logged", bound=True)
+        return _internal(spec)
+
+
+def _internal(spec: ToolSpec) -> Outcome:
+    log.exception("tool %s failed unexpectedly", spec.name)
+    return Outcome.failure(ErrorCode.INTERNAL, "internal error; the failure was logged", bound=True)
 
 
 def _success(result: ToolResult) -> Outcome:

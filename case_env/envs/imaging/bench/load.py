@@ -10,7 +10,7 @@ the generator stays light on a machine it shares with the server. Latencies are 
 client sees it, queueing included.
 
 `--mix cheap` plays `list_visits` only, the cheapest call, to measure the framework's cost per call rather
-than the tools'. `--protocol openenv` speaks OpenEnv's (`POST /step` with the call as the action), so the
+than the tools'; `--mix render` plays `render_slice` only, to measure a render's. `--protocol openenv` speaks OpenEnv's (`POST /step` with the call as the action), so the
 same load drives the OpenEnv baseline. `--record DIR` keeps the first successful answer of each tool, the
 bytes the floor baseline replays.
 
@@ -81,13 +81,33 @@ def episode_calls(rng: random.Random) -> list[tuple[str, dict]]:
     ]
 
 
-MIXES = ("episode", "cheap")
+MIXES = ("episode", "cheap", "render")
 PROTOCOLS = ("case-env", "openenv")
 
 
 def cheap_calls(rng: random.Random) -> list[tuple[str, dict]]:
     """The cheap mix: an episode of list_visits calls only (answered from memory, no pixels)."""
     return [("list_visits", {})] * 9
+
+
+def render_calls(rng: random.Random) -> list[tuple[str, dict]]:
+    """The render mix: render_slice calls only, a third of them with the organ overlay."""
+    return [
+        (
+            "render_slice",
+            {
+                "visit": rng.choice(("baseline", "follow_up")),
+                "sequence": rng.choice(SEQUENCES),
+                "plane": rng.choice(PLANES),
+                "position": rng.randint(5, 95),
+                **({"overlay": True} if rng.random() < 1 / 3 else {}),
+            },
+        )
+        for _ in range(9)
+    ]
+
+
+PLANS = {"episode": episode_calls, "cheap": cheap_calls, "render": render_calls}
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -173,7 +193,7 @@ async def run_load(
     protocol: str = "case-env",
     record: Path | None = None,
 ) -> dict:
-    plan = cheap_calls if mix == "cheap" else episode_calls
+    plan = PLANS[mix]
     if record is not None:
         record.mkdir(parents=True, exist_ok=True)
     connector = aiohttp.TCPConnector(limit=rollouts, limit_per_host=rollouts)

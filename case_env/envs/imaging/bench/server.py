@@ -46,7 +46,7 @@ ENGINES = {
 }
 BASELINES = ("naive", "openenv", "floor")
 PROTOCOL = {"openenv": "openenv"}  # the load generator speaks case-env's protocol to the others
-MIXES = ("episode", "cheap")
+MIXES = ("episode", "cheap", "render")
 RENDER_TOOLS = ("render_slice", "render_comparison")
 BENCH_PATIENTS = 48  # the default dataset: enough patients that the response cache is not the headline
 PROBE_EPISODES = 2  # episodes of the unloaded single-rollout probe after each load
@@ -61,6 +61,7 @@ TARGETS = {
     "ratio_throughput": 30.0,
     "cheap_cpu_vs_floor": 2.0,
     "calls_per_s_no_cache": 1500.0,
+    "render_cpu_ms": 1.5,
 }
 
 
@@ -226,7 +227,7 @@ def _load(
     return json.loads(out.read_text())
 
 
-def _response_cache(url: str) -> float | None:
+def _response_cache(url: str) -> float:
     """The share of calls the response cache answered (hit or shared), from the server's own counters."""
     counts = {"hit": 0.0, "shared": 0.0, "miss": 0.0}
     for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
@@ -234,7 +235,7 @@ def _response_cache(url: str) -> float | None:
             result = line.split('result="', 1)[1].split('"', 1)[0]
             counts[result] = counts.get(result, 0.0) + float(line.split()[-1])
     total = sum(counts.values())
-    return round((counts["hit"] + counts["shared"]) / total, 3) if total else None
+    return round((counts["hit"] + counts["shared"]) / total, 3) if total else 0.0
 
 
 def _drain(url: str, limit_s: float = 60.0) -> None:
@@ -272,6 +273,8 @@ def verdict(runs: dict[str, dict], ratios: dict[str, dict]) -> dict:
         "text_p99_ms": _worst_p99(fast, RENDER_TOOLS, False) < TARGETS["text_p99_ms"],
         "zero_errors": not any(run["errors"] for run in runs.values()),
         "calls_per_s_no_cache": runs["case-env/no-cache"]["calls_per_s"] >= TARGETS["calls_per_s_no_cache"],
+        "render_cpu_ms": runs["case-env/render/no-cache"]["server_cpu_ms_per_call"]
+        <= TARGETS["render_cpu_ms"],
     }
     if "naive" in ratios:
         checks["ratio_throughput"] = ratios["naive"]["episode"]["throughput"] >= TARGETS["ratio_throughput"]
@@ -293,7 +296,9 @@ def ratios_vs(runs: dict[str, dict], baseline: str) -> dict:
     for name, run in runs.items():
         if run["engine"] != "case-env":
             continue
-        other = runs[baseline if run["mix"] == "episode" else f"{baseline}/cheap"]
+        other = runs.get(baseline if run["mix"] == "episode" else f"{baseline}/{run['mix']}")
+        if other is None:
+            continue
         key = name.removeprefix("case-env/") if name != "case-env" else "episode"
         out[key] = {
             "throughput": _ratio(run["calls_per_s"], other["calls_per_s"]),
@@ -367,9 +372,12 @@ def run_server_bench(
         runs["case-env/no-cache"] = run("case-env", "episode", cache=False)
         runs["case-env/cheap"] = run("case-env", "cheap")
         runs["case-env/cheap/no-cache"] = run("case-env", "cheap", cache=False)
+        runs["case-env/render/no-cache"] = run("case-env", "render", cache=False)
         for baseline in baselines:
             runs[baseline] = run(baseline, "episode")
             runs[f"{baseline}/cheap"] = run(baseline, "cheap")
+            if baseline == "openenv":  # the same render code behind OpenEnv's step
+                runs["openenv/render"] = run(baseline, "render")
     ratios = {baseline: ratios_vs(runs, baseline) for baseline in baselines}
     result = {
         "benchmark": "server",

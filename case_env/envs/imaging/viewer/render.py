@@ -126,11 +126,36 @@ def contour_mask(labels: np.ndarray) -> np.ndarray:
 
 
 def overlay_contours(gray: Image.Image, labels: np.ndarray, palette: np.ndarray) -> Image.Image:
-    """RGB image with each label's outline in its colour; the signal inside stays visible."""
-    rgb = np.stack([np.asarray(gray)] * 3, axis=-1)
+    """Each label's outline in its colour over the slice, as a palette image: one byte per pixel instead of
+    three, so the PNG encoder compresses a third of the data (most of an overlay render's time).
+
+    The palette is the 256 greys with one slot per outline colour taken over. The slots freed are grey
+    levels the slice does not use, else the rarest ones, whose pixels move one level to a neighbour; white
+    is never taken. So outlines are exact and every grey is within one level of the RGB rendering
+    (`tests/test_render_fast_paths.py` checks both). Text goes on the grey slice first, since Pillow blends
+    palette indices rather than colours: the orientation letters now lie under an outline that crosses
+    them, where they used to lie over it."""
+    g = np.asarray(gray)
     edge = contour_mask(labels)
-    rgb[edge] = palette[labels[edge]]
-    return Image.fromarray(rgb)
+    present = np.unique(labels[edge])
+    if len(present) == 0:
+        return gray
+    counts = np.bincount(g.ravel(), minlength=256)
+    counts[255] = np.iinfo(counts.dtype).max  # white stays
+    freed = np.argsort(counts, kind="stable")[: len(present)]  # unused levels first, then the rarest
+    kept = np.setdiff1d(np.arange(256), freed)
+    lut = np.arange(256, dtype=np.uint8)
+    if counts[freed].any():  # a freed level in use: its pixels take the nearest kept level
+        nearest = np.abs(kept[None, :] - freed[:, None]).argmin(axis=1)
+        lut[freed] = kept[nearest]
+    slot = np.zeros(256, np.uint8)
+    slot[present] = freed
+    index = np.where(edge, slot[labels], lut[g])
+    colours = np.repeat(np.arange(256, dtype=np.uint8)[:, None], 3, axis=1)
+    colours[freed] = palette[present]
+    image = Image.fromarray(index, "P")
+    image.putpalette(colours.ravel().tobytes())
+    return image
 
 
 def draw_orientation(img: Image.Image, plane: Plane) -> None:
@@ -156,6 +181,8 @@ def _text_mask(text: str) -> Image.Image:
 def stamp_text(img: Image.Image, xy: tuple[int, int], text: str) -> None:
     """White `text` at `xy`, as `ImageDraw.text` would put it, from a cached glyph mask."""
     mask = _text_mask(text)
+    if img.mode == "P":  # Pillow would blend palette indices, not colours
+        raise ValueError("stamp text before the palette overlay (draw_orientation on the grey slice)")
     img.paste(
         255 if img.mode == "L" else (255, 255, 255), (*xy, xy[0] + mask.width, xy[1] + mask.height), mask
     )
@@ -175,7 +202,7 @@ def side_by_side(left: Image.Image, right: Image.Image, left_title: str, right_t
 
 
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-_PNG_COLOUR_TYPE = {"L": (1, 0), "RGB": (3, 2)}  # mode -> (channels, PNG colour type)
+_PNG_COLOUR_TYPE = {"L": (1, 0), "RGB": (3, 2), "P": (1, 3)}  # mode -> (channels, PNG colour type)
 _UP_FILTER = 2
 
 
@@ -184,8 +211,8 @@ def _chunk(tag: bytes, data: bytes) -> bytes:
 
 
 def encode_png(img: Image.Image) -> bytes:
-    """8-bit greyscale or RGB PNG, every row Up-filtered. Other modes, and any PNG_LEVEL but 1 (the naive
-    benchmark engine sets Pillow's default), go through Pillow."""
+    """8-bit greyscale, RGB or palette PNG, every row Up-filtered. Other modes, and any PNG_LEVEL but 1 (the
+    naive benchmark engine sets Pillow's default), go through Pillow."""
     if img.mode not in _PNG_COLOUR_TYPE or PNG_LEVEL != 1:
         buffer = io.BytesIO()
         img.save(buffer, format="PNG", compress_level=PNG_LEVEL)
@@ -197,10 +224,12 @@ def encode_png(img: Image.Image) -> bytes:
     filtered[0, 1:] = rows[0]
     np.subtract(rows[1:], rows[:-1], out=filtered[1:, 1:])  # modulo 256, as PNG defines it
     header = struct.pack(">IIBBBBB", img.width, img.height, 8, colour_type, 0, 0, 0)
+    palette = [_chunk(b"PLTE", bytes(img.getpalette()[:768]))] if img.mode == "P" else []
     return b"".join(
         (
             _PNG_SIGNATURE,
             _chunk(b"IHDR", header),
+            *palette,
             _chunk(b"IDAT", zlib.compress(filtered.tobytes(), PNG_LEVEL)),
             _chunk(b"IEND", b""),
         )

@@ -194,13 +194,13 @@ class Imaging:
         size = render.display_size(raw.shape, mm, longest or self.max_side)
         gray = render.resize(render.to_uint8(raw, window), size)
         legend: list[tuple[str, str]] = []
+        render.draw_orientation(gray, position.plane)  # on the grey slice: see render.overlay_contours
         image = gray
         if overlay:
             labels = self.store.organ_labels(patient_id, visit)
             small = render.resize_labels(render.take_slice(labels.data, position.plane, position.index), size)
             image = render.overlay_contours(gray, small, self._palette)
             legend = self._legend(small)
-        render.draw_orientation(image, position.plane)
         pixel = max(raw.shape[0] * mm[0], raw.shape[1] * mm[1]) / max(size)
         return RenderedSlice(image, position, window, round(pixel, 2), legend)
 
