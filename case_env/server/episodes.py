@@ -103,46 +103,35 @@ class EpisodeStore:
         self._pending.append((episode_id, call, time.time() if now is None else now))
 
     def flush(self) -> int:
-        """Write queued calls in one transaction; returns how many were written."""
+        """Write queued calls in one transaction, one counter update per episode and one batch of rows;
+        returns how many were written."""
         pending, self._pending = self._pending, []
         if not pending:
             return 0
+        by_episode: dict[str, list[tuple[Call, float]]] = {}
+        for episode_id, call, now in pending:
+            by_episode.setdefault(episode_id, []).append((call, now))
         self.db.execute("BEGIN IMMEDIATE")
         try:
-            for episode_id, call, now in pending:
-                self._write(episode_id, call, now)
+            rows, trimmed = [], []
+            for episode_id, calls in by_episode.items():
+                row = self.db.execute(
+                    "UPDATE episodes SET calls = calls + ?, last_seen = ? WHERE id = ? RETURNING calls",
+                    (len(calls), calls[-1][1], episode_id),
+                ).fetchone()
+                if row is None:  # swept meanwhile: nothing to add to
+                    continue
+                first = row[0] - len(calls) + 1
+                rows += [_row(episode_id, first + i, call, now) for i, (call, now) in enumerate(calls)]
+                if row[0] > self.max_calls:
+                    trimmed.append((episode_id, row[0] - self.max_calls))
+            self.db.executemany("INSERT INTO calls VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+            self.db.executemany("DELETE FROM calls WHERE episode_id = ? AND seq <= ?", trimmed)
             self.db.execute("COMMIT")
         except BaseException:
             self.db.execute("ROLLBACK")
             raise
         return len(pending)
-
-    def _write(self, episode_id: str, call: Call, now: float) -> None:
-        row = self.db.execute(
-            "UPDATE episodes SET calls = calls + 1, last_seen = ? WHERE id = ? RETURNING calls",
-            (now, episode_id),
-        ).fetchone()
-        if row is None:
-            return
-        seq = row[0]
-        self.db.execute(
-            "INSERT INTO calls VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                episode_id,
-                seq,
-                now,
-                call.tool,
-                json.dumps(call.arguments, default=str),
-                call.status,
-                call.http_status,
-                round(call.latency_ms, 3),
-                call.digest,
-            ),
-        )
-        if seq > self.max_calls:
-            self.db.execute(
-                "DELETE FROM calls WHERE episode_id = ? AND seq <= ?", (episode_id, seq - self.max_calls)
-            )
 
     def get(self, episode_id: str) -> dict | None:
         self.flush()
@@ -207,3 +196,9 @@ class EpisodeStore:
     def close(self) -> None:
         self.flush()
         self.db.close()
+
+
+def _row(episode_id: str, seq: int, call: Call, now: float) -> tuple:
+    arguments = json.dumps(call.arguments, default=str)
+    latency = round(call.latency_ms, 3)
+    return (episode_id, seq, now, call.tool, arguments, call.status, call.http_status, latency, call.digest)

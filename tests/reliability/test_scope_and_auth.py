@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from collections import Counter
 
 import httpx
@@ -93,7 +94,8 @@ def test_scope_and_auth(dataset, tmp_path, figures):
         "CASE_ENV_EPISODE_DB": str(tmp_path / "episodes.sqlite"),
         "CASE_ENV_CLINIC_CASES": str(tmp_path / "clinic"),
     }
-    with ServerProcess(tmp_path / "server.log", env, log_level="info") as server:
+    serve = [sys.executable, "-m", "case_env.cli", "serve", "--log-level", "info", "--access-log"]
+    with ServerProcess(tmp_path / "server.log", env, command=serve) as server:
         routes = _routes(server.url)
         client = Client(server.url)
         auth_refusals, auth_leaks = asyncio.run(_auth(client, routes))
