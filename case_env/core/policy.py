@@ -48,13 +48,19 @@ class Turn:
     def written(self, form: str = "hermes") -> str:
         """The turn as the model writes it, its call in verl's `form`. Reasoning a server returned apart
         (vLLM's reasoning parsers, the vendors' APIs) goes back inside `<think>` where the model wrote it."""
-        text = self.text
-        if self.reasoning.strip() and "<think>" not in text:
-            text = f"<think>\n{self.reasoning.strip()}\n</think>\n{text}"
+        text = with_thought(self.text, self.reasoning)
         if self.call is None:
             return text
         call = call_text(*self.call, form)
         return f"{text}\n{call}" if text else call
+
+
+def with_thought(text: str, reasoning: str | None) -> str:
+    """`text` with reasoning that a server returned apart put back inside `<think>` before it, unless the
+    text already has its own `<think>` block."""
+    if not isinstance(reasoning, str) or not reasoning.strip() or "<think>" in text:
+        return text
+    return f"<think>\n{reasoning.strip()}\n</think>\n{text}"
 
 
 class Policy(Protocol):

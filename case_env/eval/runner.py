@@ -49,13 +49,23 @@ def agents_of(env: Environment) -> tuple[str, ...]:
     return (*env.agents, OPENAI)
 
 
+def samples_per_row(env: Environment, items: list[Item]) -> int:
+    """How many independent samples the environment draws of each row."""
+    return sum(v.sample is not None for v in env.variants(items[0]))
+
+
+def sample_temperature(env: Environment, model: ModelSettings) -> float:
+    """The user's temperature, else the environment's for independent samples."""
+    return env.sample_temperature if model.temperature is None else model.temperature
+
+
 def sampling(env: Environment, model: ModelSettings, variant: Variant, repeat: int, seed: int):
     """(temperature, request seed) of one rollout of the model: independent samples at the user's
     temperature or the environment's sample temperature, each with a seed of its own so it can be drawn
     again; every other rollout at the user's temperature or greedy."""
     if variant.sample is None:
         return (model.temperature or 0.0), model.seed
-    temperature = env.sample_temperature if model.temperature is None else model.temperature
+    temperature = sample_temperature(env, model)
     request_seed = seed * 1_000_003 + repeat * 1_000 + variant.sample if temperature > 0 else None
     return temperature, request_seed
 
@@ -64,11 +74,11 @@ def sampling_settings(
     env: Environment, items: list[Item], agent: str, model: ModelSettings | None, repeats: int, seed: int
 ) -> dict:
     """What results.json records beside pass@k: how the samples were drawn."""
-    samples = sum(v.sample is not None for v in env.variants(items[0]))
+    samples = samples_per_row(env, items)
     record: dict = {"samples_per_row": samples, "repeats": repeats, "seed": seed}
     if model is None:
         return {**record, "sampler": f"scripted agent {agent!r}, draws seeded by --seed"}
-    sample_t = env.sample_temperature if model.temperature is None else model.temperature
+    sample_t = sample_temperature(env, model)
     return {
         **record,
         "sampler": "model",
@@ -84,7 +94,7 @@ def check_sampling(env: Environment, items: list[Item], model: ModelSettings | N
     every k. Refused unless the user asks for it (`--greedy-samples`)."""
     if model is None or greedy or model.temperature is None or model.temperature > 0:
         return
-    samples = sum(v.sample is not None for v in env.variants(items[0]))
+    samples = samples_per_row(env, items)
     if samples > 1:
         raise ValueError(
             f"temperature 0 makes the {samples} independent samples of each {env.title} case identical, so "

@@ -16,6 +16,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from case_env.core.policy import with_thought
 from case_env.eval import trajectory
 from case_env.eval.trajectory import TrajectoryFormatError
 
@@ -45,11 +46,8 @@ def _flatten(message: dict, base: Path, where: str) -> tuple[dict, list[dict]]:
             images.append({"bytes": path.read_bytes()})
             value = "<image>"
         pieces.append(value)
-    content = "\n".join(pieces)
-    reasoning = message.get("reasoning_content")
-    if isinstance(reasoning, str) and reasoning.strip() and "<think>" not in content:
-        # a reasoning model's trace, returned apart by its server, trains inside <think> as it was written
-        content = f"<think>\n{reasoning.strip()}\n</think>\n{content}"
+    # a reasoning model's trace, returned apart by its server, trains inside <think> as it was written
+    content = with_thought("\n".join(pieces), message.get("reasoning_content"))
     out = {"role": message["role"], "content": content}
     if message.get("tool_calls"):
         out["tool_calls"] = [

@@ -21,9 +21,13 @@ class AuthError(Exception):
 
 
 def token_matches(credentials: HTTPAuthorizationCredentials | None, token: str) -> bool:
-    presented = credentials.credentials.strip() if credentials is not None else ""
+    return presented_matches(credentials.credentials if credentials is not None else "", token)
+
+
+def presented_matches(presented: str, token: str) -> bool:
+    """The token a client presented (surrounding space ignored) against the server's."""
     # compare_digest on equal-type inputs takes time independent of where they differ.
-    return hmac.compare_digest(presented.encode(), token.encode())
+    return hmac.compare_digest(presented.strip().encode(), token.encode())
 
 
 async def require_token(

@@ -1,6 +1,6 @@
 """The fast path of `POST /v1/tools/{name}`: a well-formed, authorised tool call answered without FastAPI's
 routing, dependency solving and request objects, which cost more CPU per cheap call than the call itself
-(docs/architecture.md, "Performance").
+(docs/architecture.md, "The path of one tool call").
 
 It is an ASGI middleware inside the body limit. It takes a request only when everything FastAPI would
 check holds: the path names a tool (64 characters at most), the method is POST, the body is JSON that
@@ -13,17 +13,14 @@ route stays in /openapi.json as the documented contract.
 
 from __future__ import annotations
 
-import hmac
-import logging
-
 from pydantic import ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from case_env.server.auth import presented_matches
 from case_env.server.limits import replaying
 from case_env.server.models import ToolCallRequest
 from case_env.server.routes.tools import answer
 
-log = logging.getLogger("case_env.server")
 PREFIX = "/v1/tools/"
 MAX_NAME = 64
 _JSON_TYPES = (b"application/json",)
@@ -73,7 +70,7 @@ def _authorised(headers: dict[bytes, bytes], state) -> bool:
     scheme, _, presented = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
     if scheme.lower() != "bearer":
         return False
-    return hmac.compare_digest(presented.strip().encode(), token.get_secret_value().encode())
+    return presented_matches(presented, token.get_secret_value())
 
 
 async def _read(receive: Receive) -> tuple[bytes, Receive]:
