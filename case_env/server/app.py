@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
+import inspect
 import logging
 from collections.abc import AsyncIterator, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -44,15 +46,16 @@ Model-caused problems (bad arguments, an unknown tool, a case detail that does n
 model can act on; service problems use HTTP status codes (429, 503, 504) that clients retry."""
 
 
-async def _flush_episodes(state: ServerState) -> None:
+async def _tick(state: ServerState) -> None:
     # every quarter second: an episode's calls of that time share one transaction and one counter update
-    # (reads of an episode flush first, so they never lag)
+    # (reads of an episode flush first, so they never lag), and the sampled gauges are refreshed
     while True:
         await asyncio.sleep(0.25)
         try:
             state.episodes.flush()
         except Exception:  # a failed flush must not end the loop
             log.exception("episode flush failed")
+        state.note_gauges()
 
 
 async def _sweep_episodes(state: ServerState) -> None:
@@ -161,8 +164,12 @@ def create_app(
         if settings.audit_log is None:
             log.warning("audit log disabled (set CASE_ENV_AUDIT_LOG or --audit-log)")
         app.state.server = state
+        # what start-up built (modules, schemas, stores) lives as long as the worker: keep it out of the
+        # collector's full passes, which otherwise walk it again and again under load
+        gc.collect()
+        gc.freeze()
         state.tasks.append(asyncio.create_task(_sweep_episodes(state)))
-        state.tasks.append(asyncio.create_task(_flush_episodes(state)))
+        state.tasks.append(asyncio.create_task(_tick(state)))
         try:
             yield
         finally:
@@ -175,7 +182,13 @@ def create_app(
             state.episodes.close()
             state.audit.close()
 
-    app = FastAPI(title="case-env", version=__version__, description=DESCRIPTION, lifespan=lifespan)
+    app = FastAPI(
+        title="case-env",
+        version=__version__,
+        description=DESCRIPTION,
+        lifespan=lifespan,
+        **_telemetry(settings),
+    )
     app.add_middleware(ToolCallFastPath)  # inside the body limit (the last added is the outermost)
     app.add_middleware(
         BodyLimit, max_bytes=settings.max_body_bytes, per_path={"/v1/score": settings.max_score_body_bytes}
@@ -186,6 +199,14 @@ def create_app(
     app.include_router(score.router)
     _install_error_handlers(app)
     return app
+
+
+def _telemetry(settings: ServerSettings) -> dict:
+    """FastAPI's native OpenTelemetry (FastAPI 0.165 and later) off unless `otel` asks for it; older FastAPI
+    has none to turn off."""
+    if settings.otel or "telemetry" not in inspect.signature(FastAPI.__init__).parameters:
+        return {}
+    return {"telemetry": {"tracing": False, "metrics": False, "logs": False}}
 
 
 def _install_error_handlers(app: FastAPI) -> None:

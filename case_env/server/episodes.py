@@ -34,6 +34,8 @@ CREATE TABLE IF NOT EXISTS calls (
     digest TEXT, PRIMARY KEY (episode_id, seq));
 """
 
+_EPISODES_PER_UPDATE = 300  # 900 parameters a statement: below the 999 that SQLite before 3.32 allows
+
 
 @dataclass(frozen=True)
 class Call:
@@ -114,17 +116,12 @@ class EpisodeStore:
         self.db.execute("BEGIN IMMEDIATE")
         try:
             rows, trimmed = [], []
-            for episode_id, calls in by_episode.items():
-                row = self.db.execute(
-                    "UPDATE episodes SET calls = calls + ?, last_seen = ? WHERE id = ? RETURNING calls",
-                    (len(calls), calls[-1][1], episode_id),
-                ).fetchone()
-                if row is None:  # swept meanwhile: nothing to add to
-                    continue
-                first = row[0] - len(calls) + 1
+            for total, episode_id in self._count(by_episode):  # episodes swept meanwhile are not returned
+                calls = by_episode[episode_id]
+                first = total - len(calls) + 1
                 rows += [_row(episode_id, first + i, call, now) for i, (call, now) in enumerate(calls)]
-                if row[0] > self.max_calls:
-                    trimmed.append((episode_id, row[0] - self.max_calls))
+                if total > self.max_calls:
+                    trimmed.append((episode_id, total - self.max_calls))
             self.db.executemany("INSERT INTO calls VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
             self.db.executemany("DELETE FROM calls WHERE episode_id = ? AND seq <= ?", trimmed)
             self.db.execute("COMMIT")
@@ -132,6 +129,21 @@ class EpisodeStore:
             self.db.execute("ROLLBACK")
             raise
         return len(pending)
+
+    def _count(self, by_episode: dict[str, list[tuple[Call, float]]]) -> list[tuple[int, str]]:
+        """Add each episode's new calls to its counter, one statement per few hundred episodes rather than
+        one per episode; (calls now, episode id) of the episodes that still exist."""
+        items = list(by_episode.items())
+        counted = []
+        for start in range(0, len(items), _EPISODES_PER_UPDATE):
+            chunk = items[start : start + _EPISODES_PER_UPDATE]
+            values = ", ".join(["(?, ?, ?)"] * len(chunk))
+            counted += self.db.execute(
+                "UPDATE episodes SET calls = calls + v.column2, last_seen = v.column3 "
+                f"FROM (VALUES {values}) AS v WHERE episodes.id = v.column1 RETURNING calls, id",
+                [x for episode_id, calls in chunk for x in (episode_id, len(calls), calls[-1][1])],
+            ).fetchall()
+        return counted
 
     def get(self, episode_id: str) -> dict | None:
         self.flush()

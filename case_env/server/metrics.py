@@ -44,11 +44,14 @@ class Metrics:
             **kw,
         )
         self.in_flight = Gauge(
-            "case_env_calls_in_flight", "Tool calls being served.", multiprocess_mode="livesum", **kw
+            "case_env_calls_in_flight",
+            "Tool calls being served (sampled every 0.25 s and at each scrape).",
+            multiprocess_mode="livesum",
+            **kw,
         )
         self.cache_bytes = Gauge(
             "case_env_cache_bytes",
-            "Bytes of decoded case data (volumes) held in memory.",
+            "Bytes of decoded case data (volumes) held in memory (sampled every 0.25 s and at each scrape).",
             multiprocess_mode="livesum",
             **kw,
         )

@@ -68,6 +68,12 @@ class ServerSettings(BaseSettings):
         description="Memory per worker for answers of repeated pure calls (GRPO groups); 0 disables.",
     )
     audit_log: Path | None = Field(None, description="File that receives one JSON line per call.")
+    otel: bool = Field(
+        False,
+        description="FastAPI's own OpenTelemetry spans, metrics and logs per request (needs a configured "
+        "OpenTelemetry SDK). Off by default: the per-request check for configured providers alone cost a tenth "
+        "of a cheap call's CPU (issue 19 profile), and /metrics already counts every call.",
+    )
     max_body_bytes: int = Field(65536, ge=1024, description="Larger request bodies are refused with 413.")
     max_score_body_bytes: int = Field(
         4 * 2**20, ge=1024, description="Body limit of POST /v1/score, which carries a whole trajectory."

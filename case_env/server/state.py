@@ -44,7 +44,6 @@ class ServerState:
     preload_pool: ThreadPoolExecutor | None = None  # set: warm each new case in the background
     _warmed: set[str] = field(default_factory=set)
     _readiness: tuple[float, tuple[bool, str | None]] = (0.0, (False, None))  # (valid until, answer)
-    _memory_noted: float = 0.0
 
     @property
     def schema_version(self) -> str:
@@ -71,13 +70,12 @@ class ServerState:
     def memory_bytes(self) -> int:
         return sum(store.memory_bytes() for store in self.stores.values())
 
-    def note_memory(self, every_s: float = 0.25) -> None:
-        """Refresh the cache-bytes gauge, at most every `every_s`: a scrape every few seconds cannot tell,
-        and summing the caches on every call costs more than a cheap call."""
-        now = time.monotonic()
-        if now >= self._memory_noted:
-            self._memory_noted = now + every_s
-            self.metrics.cache_bytes.set(self.memory_bytes())
+    def note_gauges(self) -> None:
+        """Refresh the in-flight and cache-bytes gauges. The server's tick does this every quarter second
+        and /metrics before it answers: a scrape every few seconds cannot tell, and writing the shared
+        metric files on every call cost more than the rest of a cheap call's bookkeeping (issue 19 profile)."""
+        self.metrics.in_flight.set(self.admission.active)
+        self.metrics.cache_bytes.set(self.memory_bytes())
 
     def warm(self, env: str, patient_id: str) -> None:
         """Prepare a case in the background the first time this worker sees it. One background thread, so

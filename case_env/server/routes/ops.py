@@ -43,6 +43,6 @@ async def readyz(request: Request):
 )
 async def metrics(request: Request) -> Response:
     state = request.app.state.server
-    state.metrics.cache_bytes.set(state.memory_bytes())
+    state.note_gauges()
     state.metrics.episodes_live.set(state.episodes.live())
     return Response(state.metrics.render(), media_type=state.metrics.content_type)

@@ -149,7 +149,6 @@ async def answer(state: ServerState, name: str, body: ToolCallRequest) -> tuple[
     latency_ms = (time.perf_counter() - started) * 1000
     status = outcome.error.code.value if outcome.error else "ok"
     state.metrics.observe(name if name in state.tools else "_unknown", status, latency_ms / 1000)
-    state.note_memory()
     state.audit.write(
         episode_id=body.episode_id,
         patient_id=body.patient_id,
@@ -182,12 +181,10 @@ async def _serve(state: ServerState, name: str, body: ToolCallRequest, started: 
         return Outcome.failure(ErrorCode.NOT_READY, f"server not ready: {reason}", headers=retry)
     if not await state.admission.enter():  # shed load before any lookup or database write
         return Outcome.failure(ErrorCode.OVERLOADED, "too many calls in flight; retry shortly", headers=retry)
-    state.metrics.in_flight.inc()
     try:
         return await _admitted(state, name, body, started)
     finally:
         state.admission.leave()
-        state.metrics.in_flight.dec()
 
 
 async def _admitted(state: ServerState, name: str, body: ToolCallRequest, started: float) -> Outcome:

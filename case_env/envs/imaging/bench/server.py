@@ -151,6 +151,8 @@ def run_engine(
         "CASE_ENV_DATA_ROOT": str(data_root),
         "CASE_ENV_CACHE_DIR": str(DataSettings(data_root=data_root).cache_dir),  # decoded once, for every run
         "CASE_ENV_EPISODE_DB": str(scratch / f"episodes-{tag}.sqlite"),
+        # as `case-env serve --workers N` sets it: each worker sizes its render pool to cores / workers
+        "CASE_ENV_WORKERS": str(workers),
         "PROMETHEUS_MULTIPROC_DIR": str(scratch / f"metrics-{tag}"),
         "CASE_ENV_TOKEN": None,
         "CASE_ENV_AUDIT_LOG": None,

@@ -226,9 +226,10 @@ class Imaging:
         return RenderedSlice(panel, first, left.window, left.pixel_mm, [])
 
     def _legend(self, labels: np.ndarray) -> list[tuple[str, str]]:
-        counts = np.bincount(labels.ravel(), minlength=256)
+        counts = render.histogram(labels)
         table = self.store.label_table
-        present = [int(i) for i in np.argsort(counts)[::-1] if i and counts[i]]
+        order = np.argsort(counts)[::-1]
+        present = [int(i) for i in order[(counts[order] > 0) & (order != 0)]]
         return [
             (table.organ(i), colour_name(table.by_index[i].colour if i in table.by_index else "#ffffff"))
             for i in present

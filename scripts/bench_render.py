@@ -1,0 +1,125 @@
+#!/usr/bin/env python3
+"""Where an uncached `render_slice` spends its CPU, in one process and one thread, against its floor.
+
+    .venv/bin/python scripts/bench_render.py --data-root data/bench --calls 400 --repeats 7
+
+Plays the render mix of `case-env bench server` (random visit, sequence, plane and position, a third with
+the organ overlay) straight through the tool, with no server around it, and reports the CPU per render of:
+the tool as shipped; the tool with zlib instead of ISA-L, then also with Pillow's resize instead of OpenCV's (the
+pipeline before issue 19's changes to those two steps); and the floor, which is deflating the same
+filtered rows and nothing else. Figures are the least of `--repeats` passes (the machine is noisy; the
+least is the run that was disturbed least) and ratios are taken within this one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+import zlib
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from case_env.core import registry
+from case_env.envs.imaging.bench.load import PLANS
+from case_env.envs.imaging.viewer import render
+from case_env.settings import DataSettings
+
+
+def _pillow_resize(u8: np.ndarray, size: tuple[int, int]) -> Image.Image:
+    return Image.fromarray(np.ascontiguousarray(u8)).resize(size, Image.BILINEAR)
+
+
+@contextmanager
+def _swapped(**steps):
+    before = {name: getattr(render, name) for name in steps}
+    for name, value in steps.items():
+        setattr(render, name, value)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            setattr(render, name, value)
+
+
+def _least_ms(passes: int, job, count: int) -> float:
+    best = float("inf")
+    for _ in range(passes):
+        started = time.thread_time()
+        job()
+        best = min(best, time.thread_time() - started)
+    return 1000 * best / count
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data-root", type=Path, default=Path("data/bench"))
+    parser.add_argument("--calls", type=int, default=400)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=None, help="Also write the figures here as JSON.")
+    options = parser.parse_args()
+    env = registry.get("imaging")
+    store = env.open_store(DataSettings(data_root=options.data_root))
+    patients = store.ids()
+    if not patients:
+        parser.error(f"no patients under {options.data_root} (`case-env bench server` generates 48 there)")
+    for patient in patients:
+        store.patients.preload(patient)  # decoding is the data benchmark's subject, not this one's
+    rng = random.Random(options.seed)
+    calls = []
+    while len(calls) < options.calls:
+        patient = rng.choice(patients)
+        calls += [(patient, arguments) for _, arguments in PLANS["render"](rng)]
+    calls = calls[: options.calls]
+    spec = env.tools["render_slice"]
+    contexts = {p: env.tool_context(store, p, None) for p in patients}
+    rows: list[bytes] = []
+
+    def tool() -> None:
+        for patient, arguments in calls:
+            spec.run(contexts[patient], spec.parse(arguments))
+
+    class Recording:  # the deflate as shipped, keeping what it was given for the floor
+        @staticmethod
+        def compress(data: bytes, level: int) -> bytes:
+            rows.append(data)
+            return shipped.compress(data, level)
+
+    shipped = render.deflate
+    with _swapped(deflate=Recording):
+        tool()  # warms the windows and extents, and records what the floor deflates
+    figures = {
+        "calls": len(calls),
+        "deflate": shipped.__name__,
+        "render_ms": _least_ms(options.repeats, tool, len(calls)),
+    }
+    with _swapped(deflate=zlib):
+        figures["render_zlib_ms"] = _least_ms(options.repeats, tool, len(calls))
+    with _swapped(deflate=zlib, resize=_pillow_resize):
+        figures["render_zlib_pillow_ms"] = _least_ms(options.repeats, tool, len(calls))
+
+    def floor(compress) -> None:
+        for data in rows:
+            compress(data, render.PNG_LEVEL)
+
+    figures["floor_deflate_ms"] = _least_ms(
+        options.repeats, lambda: floor(render.deflate.compress), len(rows)
+    )
+    figures["floor_zlib_ms"] = _least_ms(options.repeats, lambda: floor(zlib.compress), len(rows))
+    figures["ratio_vs_floor"] = round(figures["render_ms"] / figures["floor_deflate_ms"], 2)
+    figures["speedup_vs_zlib_pillow"] = round(figures["render_zlib_pillow_ms"] / figures["render_ms"], 2)
+    figures = {k: round(v, 3) if isinstance(v, float) else v for k, v in figures.items()}
+    for key, value in figures.items():
+        print(f"{key:20s} {value}")
+    if options.out is not None:
+        options.out.parent.mkdir(parents=True, exist_ok=True)
+        options.out.write_text(json.dumps(figures, indent=2) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
