@@ -6,18 +6,22 @@
 Plays the render mix of `case-env bench server` (random visit, sequence, plane and position, a third with
 the organ overlay) straight through the tool, with no server around it, and reports the CPU per render of:
 the tool as shipped; the tool with zlib instead of ISA-L, then also with Pillow's resize instead of OpenCV's (the
-pipeline before issue 19's changes to those two steps); and the floor, which is deflating the same
-filtered rows and nothing else. Figures are the least of `--repeats` passes (the machine is noisy; the
+pipeline before issue 19's changes to those two steps); the floor, which is deflating the same filtered
+rows and nothing else; and what the server's hand-off to its render thread costs by itself (an event loop
+submitting a job that sleeps 1 ms to a one-thread pool and awaiting it, CPU of the whole process per
+hop: on a VM, waking a thread that went idle is far from free). Figures are the least of `--repeats` passes (the machine is noisy; the
 least is the run that was disturbed least) and ratios are taken within this one run.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import random
 import time
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -53,6 +57,20 @@ def _least_ms(passes: int, job, count: int) -> float:
         job()
         best = min(best, time.thread_time() - started)
     return 1000 * best / count
+
+
+def _hop_ms(hops: int = 2000) -> float:
+    """Process CPU per hand-off of a job from the event loop to a pool thread and back, as the server
+    dispatches a render (the job itself sleeps, so it costs nothing)."""
+
+    async def hand_off(pool: ThreadPoolExecutor) -> float:
+        started = time.process_time()
+        for _ in range(hops):
+            await asyncio.wait_for(asyncio.wrap_future(pool.submit(time.sleep, 0.001)), 20)
+        return 1000 * (time.process_time() - started) / hops
+
+    with ThreadPoolExecutor(1) as pool:
+        return asyncio.run(hand_off(pool))
 
 
 def main() -> None:
@@ -111,6 +129,7 @@ def main() -> None:
         options.repeats, lambda: floor(render.deflate.compress), len(rows)
     )
     figures["floor_zlib_ms"] = _least_ms(options.repeats, lambda: floor(zlib.compress), len(rows))
+    figures["thread_hop_ms"] = _hop_ms()
     figures["ratio_vs_floor"] = round(figures["render_ms"] / figures["floor_deflate_ms"], 2)
     figures["speedup_vs_zlib_pillow"] = round(figures["render_zlib_pillow_ms"] / figures["render_ms"], 2)
     figures = {k: round(v, 3) if isinstance(v, float) else v for k, v in figures.items()}

@@ -4,6 +4,7 @@ metrics and OpenAPI, against the real server under uvicorn on loopback."""
 from __future__ import annotations
 
 import concurrent.futures
+import inspect
 import json
 import shutil
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from fastapi import FastAPI
 from openapi_spec_validator import validate
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -448,6 +450,40 @@ def test_episode_memory_is_bounded(tmp_path):
     kept = store.get("e5")
     assert kept["calls_total"] == 10 and [c["arguments"]["n"] for c in kept["calls"]] == [6, 7, 8, 9]
     assert store.sweep(now=1200.0) == 3 and store.live() == 0  # idle past 100 s
+
+
+def test_one_flush_counts_hundreds_of_episodes_in_order(tmp_path):
+    """A flush adds every episode's calls to its counter in a few statements (300 episodes each), numbers
+    each episode's calls on from where they were, trims to the cap and skips episodes swept meanwhile."""
+    store = EpisodeStore(tmp_path / "episodes.sqlite", idle_s=100.0, max_episodes=1000, max_calls=4)
+    episodes = [f"e{n}" for n in range(700)]  # three statements: 300, 300 and 100 episodes
+    for e in episodes:
+        store.bind(e, "case0001", now=1000.0)
+    for round_ in range(3):
+        for i, e in enumerate(episodes):
+            for k in range(1 + i % 2):  # odd episodes get two calls a round
+                store.record(e, Call("list_visits", {"r": round_, "k": k}, "ok", 200, 1.0, None), now=1001.0)
+        store.db.execute("DELETE FROM episodes WHERE id = 'e3'")  # swept by another worker meanwhile
+        store.flush()
+    assert store.get("e3") is None
+    even, odd = store.get("e0"), store.get("e699")
+    assert even["calls_total"] == 3 and [c["seq"] for c in even["calls"]] == [1, 2, 3]
+    assert odd["calls_total"] == 6 and [c["seq"] for c in odd["calls"]] == [3, 4, 5, 6]  # the cap keeps 4
+    assert [c["arguments"] for c in odd["calls"]][-2:] == [{"r": 2, "k": 0}, {"r": 2, "k": 1}]
+    assert store.get("e350")["last_seen"] == 1001.0
+    store.close()
+
+
+def test_fastapis_own_telemetry_is_off_unless_asked_for(monkeypatch):
+    """FastAPI's per-request OpenTelemetry check is off by default; CASE_ENV_OTEL turns it back on."""
+    from case_env.server.app import create_app
+
+    if "telemetry" not in inspect.signature(FastAPI.__init__).parameters:
+        pytest.skip("this FastAPI has no native telemetry")
+    quiet = create_app()
+    assert not any(quiet._telemetry[k] for k in ("tracing", "metrics", "logs"))
+    monkeypatch.setenv("CASE_ENV_OTEL", "true")
+    assert all(create_app()._telemetry[k] for k in ("tracing", "metrics", "logs"))
 
 
 def _serve(dataset: Path, tmp: Path, *args: str, token: str | None = None) -> ServerProcess:
