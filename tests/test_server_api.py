@@ -475,15 +475,19 @@ def test_one_flush_counts_hundreds_of_episodes_in_order(tmp_path):
 
 
 def test_fastapis_own_telemetry_is_off_unless_asked_for(monkeypatch):
-    """FastAPI's per-request OpenTelemetry check is off by default; CASE_ENV_OTEL turns it back on."""
-    from case_env.server.app import create_app
+    """FastAPI's per-request OpenTelemetry check is off by default; CASE_ENV_OTEL turns it back on. A
+    FastAPI without native telemetry gets no `telemetry` argument at all."""
+    from case_env.server import app as server_app
+    from case_env.server.settings import ServerSettings
 
+    assert server_app._telemetry(ServerSettings(otel=True)) == {}
     if "telemetry" not in inspect.signature(FastAPI.__init__).parameters:
-        pytest.skip("this FastAPI has no native telemetry")
-    quiet = create_app()
+        assert server_app._telemetry(ServerSettings()) == {}
+        return
+    quiet = server_app.create_app()
     assert not any(quiet._telemetry[k] for k in ("tracing", "metrics", "logs"))
     monkeypatch.setenv("CASE_ENV_OTEL", "true")
-    assert all(create_app()._telemetry[k] for k in ("tracing", "metrics", "logs"))
+    assert all(server_app.create_app()._telemetry[k] for k in ("tracing", "metrics", "logs"))
 
 
 def _serve(dataset: Path, tmp: Path, *args: str, token: str | None = None) -> ServerProcess:
