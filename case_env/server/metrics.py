@@ -26,7 +26,8 @@ class Metrics:
     content_type = CONTENT_TYPE_LATEST
 
     def __init__(self) -> None:
-        self._children: dict[tuple[str, str], tuple] = {}
+        self._children: dict[tuple[str, str], tuple] = {}  # label children, looked up once each
+        self._cache_children: dict[str, Counter] = {}
         self.multiprocess = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
         self.registry = None if self.multiprocess else CollectorRegistry()
         kw = {"registry": self.registry} if self.registry is not None else {}
@@ -64,6 +65,13 @@ class Metrics:
         self.episodes_live = Gauge(
             "case_env_episodes_live", "Episodes remembered.", multiprocess_mode="max", **kw
         )
+
+    def count_cache(self, result: str) -> None:
+        """One call answered by the response cache as `result`: hit, shared or miss."""
+        child = self._cache_children.get(result)
+        if child is None:
+            child = self._cache_children[result] = self.response_cache.labels(result)
+        child.inc()
 
     def observe(self, tool: str, status: str, seconds: float) -> None:
         children = self._children.get((tool, status))

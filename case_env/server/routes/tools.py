@@ -251,14 +251,14 @@ async def _run(
     key = (spec.name, body.patient_id, canonical_arguments(args), episode_key, fingerprint)
     cached = state.responses.peek(key)
     if cached is not None:
-        state.metrics.response_cache.labels("hit").inc()
+        state.metrics.count_cache("hit")
         return cached
     computing = state.responses.inflight.get(key)
     if computing is not None:  # the same call is being answered for another rollout of the group: share it
-        state.metrics.response_cache.labels("shared").inc()
+        state.metrics.count_cache("shared")
         shared = await asyncio.shield(computing)
         return shared if shared is not None else await compute()
-    state.metrics.response_cache.labels("miss").inc()
+    state.metrics.count_cache("miss")
     computing = asyncio.get_running_loop().create_future()
     state.responses.inflight[key] = computing
     outcome = None

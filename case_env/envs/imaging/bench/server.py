@@ -46,6 +46,7 @@ ENGINES = {
 }
 BASELINES = ("naive", "openenv", "floor")
 PROTOCOL = {"openenv": "openenv"}  # the load generator speaks case-env's protocol to the others
+OWN_METRICS = ("case-env", "naive")  # the engines that serve case-env's /metrics
 MIXES = ("episode", "cheap", "render")
 RENDER_TOOLS = ("render_slice", "render_comparison")
 BENCH_PATIENTS = 48  # the default dataset: enough patients that the response cache is not the headline
@@ -173,9 +174,10 @@ def run_engine(
         with Sampler(psutil.Process(server.pid)) as sampler:
             result = _load(url, patients_file, scratch / f"load-{tag}.json", load, mix, protocol, record)
         cpu = sampler.cpu_between(*result["window"])
-        cache = (_response_cache(url) if response_cache else 0.0) if engine in ("case-env", "naive") else None
+        ours = engine in OWN_METRICS
+        cache = (_response_cache(url) if response_cache else 0.0) if ours else None
         # one rollout alone, once the backlog has drained: each tool's service time without queueing
-        if engine in ("case-env", "naive"):
+        if ours:
             _drain(url)
         probe = _load(
             url, patients_file, scratch / f"probe-{tag}.json", PROBE, mix, protocol, None, PROBE_EPISODES
@@ -229,13 +231,22 @@ def _load(
     return json.loads(out.read_text())
 
 
+def _samples(url: str, metric: str) -> list[tuple[str, float]]:
+    """(labels, value) of each sample of one metric on the server's /metrics."""
+    samples = []
+    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+        if line.startswith(metric) and line[len(metric) : len(metric) + 1] in ("{", " "):
+            series, _, value = line.rpartition(" ")
+            samples.append((series[len(metric) :], float(value)))
+    return samples
+
+
 def _response_cache(url: str) -> float:
     """The share of calls the response cache answered (hit or shared), from the server's own counters."""
     counts = {"hit": 0.0, "shared": 0.0, "miss": 0.0}
-    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
-        if line.startswith("case_env_response_cache_total{"):
-            result = line.split('result="', 1)[1].split('"', 1)[0]
-            counts[result] = counts.get(result, 0.0) + float(line.split()[-1])
+    for labels, value in _samples(url, "case_env_response_cache_total"):
+        result = labels.split('result="', 1)[1].split('"', 1)[0]
+        counts[result] = counts.get(result, 0.0) + value
     total = sum(counts.values())
     return round((counts["hit"] + counts["shared"]) / total, 3) if total else 0.0
 
@@ -244,13 +255,7 @@ def _drain(url: str, limit_s: float = 60.0) -> None:
     """Wait until no call is in flight (the naive engine keeps working through its backlog after a load)."""
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
-        text = httpx.get(f"{url}/metrics", timeout=10).text
-        in_flight = sum(
-            float(line.split()[-1])
-            for line in text.splitlines()
-            if line.startswith("case_env_calls_in_flight")
-        )
-        if in_flight == 0:
+        if sum(value for _, value in _samples(url, "case_env_calls_in_flight")) == 0:
             return
         time.sleep(0.5)
 
