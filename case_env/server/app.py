@@ -53,9 +53,9 @@ async def _tick(state: ServerState) -> None:
         await asyncio.sleep(0.25)
         try:
             state.episodes.flush()
+            state.note_gauges()
         except Exception:  # a failed flush must not end the loop
-            log.exception("episode flush failed")
-        state.note_gauges()
+            log.exception("episode flush or gauge refresh failed")
 
 
 async def _sweep_episodes(state: ServerState) -> None:

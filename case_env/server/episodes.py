@@ -105,8 +105,8 @@ class EpisodeStore:
         self._pending.append((episode_id, call, time.time() if now is None else now))
 
     def flush(self) -> int:
-        """Write queued calls in one transaction, one counter update per episode and one batch of rows;
-        returns how many were written."""
+        """Write queued calls in one transaction: the episodes' counters in a statement per few hundred
+        episodes (`_count`), the rows in one batch; returns how many were written."""
         pending, self._pending = self._pending, []
         if not pending:
             return 0

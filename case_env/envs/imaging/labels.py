@@ -225,7 +225,6 @@ _NAMED_COLOURS = {
 
 
 @functools.cache
-@functools.cache  # a render asks for each outlined organ's name
 def colour_name(hex_colour: str) -> str:
     """The nearest plain colour name, for legends a model reads ("liver: orange")."""
     rgb = [int(hex_colour[i : i + 2], 16) for i in (1, 3, 5)]
