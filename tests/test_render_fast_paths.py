@@ -158,3 +158,31 @@ def test_histogram_counts_what_bincount_counts(shape):
     pixels = np.random.default_rng(sum(shape)).integers(0, 256, shape, dtype=np.uint8)
     view = pixels.T[::-1] if pixels.ndim == 2 else pixels  # a strided view, as slices are
     assert np.array_equal(render.histogram(view), np.bincount(view.ravel(), minlength=256))
+
+
+def test_label_resize_picks_the_pixels_pillows_nearest_picks_and_the_legend_is_unchanged(dataset):
+    """OpenCV's exact nearest-neighbour against Pillow's NEAREST (the label resize before issue 19) on real
+    label slices of every plane and on sizes that do not divide evenly; the legend, counted over labelled
+    pixels only, against the legend of a whole-slice count."""
+    store = PatientStore(dataset)
+    imaging = Imaging(store)
+    patient = store.patient_ids()[0]
+    labels = store.organ_labels(patient, "baseline").data
+    legends = 0
+    for plane in render.Plane:
+        count = labels.shape[render.AXIS[plane]]
+        for index in (0, count // 3, count // 2, count - 1):
+            raw = np.ascontiguousarray(render.take_slice(labels, plane, index))
+            for size in ((448, 348), (181, 448), (97, 61), (raw.shape[1] * 3 + 1, raw.shape[0] * 2 - 1)):
+                pillow = np.asarray(Image.fromarray(raw).resize(size, Image.NEAREST))
+                ours = render.resize_labels(raw, size)
+                assert np.array_equal(ours, pillow), (plane, index, size)
+            small = render.resize_labels(raw, (448, 348))
+            counts = render.histogram(small)
+            order = np.argsort(counts)[::-1]
+            expected = [int(i) for i in order[(counts[order] > 0) & (order != 0)]]
+            assert [organ for organ, _ in imaging._legend(small)] == [
+                store.label_table.organ(i) for i in expected
+            ]
+            legends += bool(expected)
+    assert legends >= 6  # most slices cut through organs

@@ -2,8 +2,11 @@
 
 A tool is a module in an environment's tool package (`tools/<env>/`, installed as `case_env.tools.<env>`)
 with `NAME`, `DESCRIPTION`, `PERSONAS`, a pydantic `Args` model and `run(ctx, args) -> ToolResult`;
-optionally `RENDERS = True` (it draws images, so it runs in the render pool) and `REMEMBER = True` (later
-calls of the same episode need its answer, so the caller keeps it; see `Environment.episode_context`).
+optionally `RENDERS = True` (it draws images, so it runs in the render pool), `REMEMBER = True` (later
+calls of the same episode need its answer, so the caller keeps it; see `Environment.episode_context`),
+`INLINE = True` (it answers from memory and never blocks, so it runs on the event loop) and `RESIDENT = True`
+(every read goes through a store that guards its I/O, so the server first tries it on the event loop and
+falls back to the pool when data is not yet in memory; see `case_env.core.resident`).
 A module may instead define `TOOLS`, a list of `ToolSpec` built from a table (`tool_spec` makes one), when
 many tools share one handler and differ only in data.
 Tools are pure functions of (case data, arguments, episode context): the case comes from the call, never
@@ -111,6 +114,9 @@ class ToolSpec:
     # answers from memory in microseconds: runs on the event loop, since a hop to a pool thread and back
     # costs the server more than the call (no file is read, nothing can block)
     inline: bool = False
+    # reads only through a store that calls `require_resident` before any I/O: tried on the event loop
+    # first, in the pool when that raises (case_env.core.resident)
+    resident: bool = False
 
     def openai_schema(self) -> dict:
         function = {"name": self.name, "description": self.description, "parameters": self.parameters}
@@ -197,6 +203,7 @@ def tool_spec(
     renders: bool = False,
     remember: bool = False,
     inline: bool = False,
+    resident: bool = False,
 ) -> ToolSpec:
     """One tool, checked: its Args forbid extra fields and hold scalars and enums only."""
     if args.model_config.get("extra") != "forbid":
@@ -204,7 +211,9 @@ def tool_spec(
     if inline and renders:
         raise TypeError(f"tool {name}: a tool that renders cannot run inline")
     parameters = function_parameters(name, args)
-    return ToolSpec(name, description, tuple(personas), args, run, parameters, renders, remember, inline)
+    return ToolSpec(
+        name, description, tuple(personas), args, run, parameters, renders, remember, inline, resident
+    )
 
 
 def spec_from_module(module: Any) -> ToolSpec:
@@ -217,6 +226,7 @@ def spec_from_module(module: Any) -> ToolSpec:
         getattr(module, "RENDERS", False),
         getattr(module, "REMEMBER", False),
         getattr(module, "INLINE", False),
+        getattr(module, "RESIDENT", False),
     )
 
 

@@ -38,6 +38,12 @@ class ServerSettings(BaseSettings):
         description="Threads per worker that load, render and encode images; default: cores / workers. More "
         "threads than that hold the GIL against the event loop and slow text tools down (issue 6 figures).",
     )
+    loop_renders: bool | None = Field(
+        None,
+        description="Render a warm case on the event loop instead of a render thread (tools that declare "
+        "RESIDENT; a case not yet in memory still goes to the pool). Default: when a worker has one render "
+        "thread, whose hand-off cost a fifth of a render's CPU and bought no parallelism (issue 19).",
+    )
     text_threads: int = Field(
         2, ge=1, description="Threads for text tools, so they never wait behind renders."
     )

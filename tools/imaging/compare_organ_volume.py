@@ -16,6 +16,7 @@ DESCRIPTION = (
     "between visits, and for parenchymal organs and muscles the change in signal fat fraction in points."
 )
 PERSONAS = (Persona.ANATOMIST,)
+RESIDENT = True  # reads only through the patient store, which refuses I/O on the event loop
 
 
 class Args(BaseModel):

@@ -17,6 +17,7 @@ DESCRIPTION = (
     "fields, if any."
 )
 PERSONAS = IMAGING_PERSONAS
+RESIDENT = True  # reads only through the patient store, which refuses I/O on the event loop
 
 # Participant fields a model may see under `history`; everything else (e.g. a synthetic root's scenario)
 # stays on the server.

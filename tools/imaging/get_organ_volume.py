@@ -17,6 +17,7 @@ DESCRIPTION = (
     "gallbladder, stomach, heart, bladder, aorta, left_iliopsoas, right_gluteus_maximus."
 )
 PERSONAS = (Persona.ANATOMIST, Persona.CONSULTANT)
+RESIDENT = True  # reads only through the patient store, which refuses I/O on the event loop
 
 
 class Args(BaseModel):

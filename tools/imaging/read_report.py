@@ -15,6 +15,7 @@ DESCRIPTION = (
     "incidental findings unrelated to the question; check claims against measurements and images."
 )
 PERSONAS = (Persona.CONSULTANT,)
+RESIDENT = True  # reads only through the patient store, which refuses I/O on the event loop
 
 
 class Args(BaseModel):

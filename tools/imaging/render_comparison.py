@@ -17,7 +17,8 @@ DESCRIPTION = (
     "are changes between visits (new or growing lesions, organ size, fat signal). Choose the Dixon sequence "
     "(water, fat, in = in-phase, opp = opposed-phase), the plane, and an organ or a position."
 )
-RENDERS = True  # CPU-heavy: served from the render pool
+RENDERS = True  # CPU-heavy: the render pool, or the event loop when a worker has one core (RESIDENT)
+RESIDENT = True  # reads only through the patient store, which refuses I/O on the event loop
 PERSONAS = (Persona.RADIOLOGIST,)
 
 

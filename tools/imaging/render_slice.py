@@ -27,7 +27,8 @@ DESCRIPTION = (
     "overlay=true outlines the segmented organs in colour. Images keep true millimetre proportions and "
     "use one intensity window per sequence shared by both visits, so brightness is comparable between visits."
 )
-RENDERS = True  # CPU-heavy: served from the render pool
+RENDERS = True  # CPU-heavy: the render pool, or the event loop when a worker has one core (RESIDENT)
+RESIDENT = True  # reads only through the patient store, which refuses I/O on the event loop
 PERSONAS = (Persona.ANATOMIST, Persona.RADIOLOGIST)
 
 

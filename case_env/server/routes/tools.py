@@ -25,6 +25,7 @@ from pydantic import BaseModel, ValidationError
 
 from case_env.core.environment import Environment
 from case_env.core.errors import DataError, MissingDataError
+from case_env.core.resident import NotResidentError, resident_only
 from case_env.core.tools import (
     ErrorCode,
     ToolContext,
@@ -290,6 +291,14 @@ async def _compute(
     if spec.inline:  # microseconds from memory: a pool thread would cost more than the call
         try:
             return job()
+        except Exception:
+            return _internal(spec)
+    if spec.resident and (not spec.renders or state.loop_renders):
+        try:
+            with resident_only():
+                return job()
+        except NotResidentError:
+            pass  # the case is not in memory yet: the pool reads it
         except Exception:
             return _internal(spec)
     remaining = state.settings.tool_deadline_s - (time.perf_counter() - started)

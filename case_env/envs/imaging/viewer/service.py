@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
+from case_env.core.resident import require_resident
 from case_env.envs.imaging.data.nifti import Volume
 from case_env.envs.imaging.data.store import PatientStore
 from case_env.envs.imaging.labels import colour_name
@@ -104,6 +105,7 @@ class Imaging:
         )
         cached = self._windows.get(key)
         if cached is None:
+            require_resident(f"display window of {patient_id} {channel}")  # a pass over both volumes
             volumes = [self.store.image(patient_id, v.visit, channel) for v in visits]
             cached = render.volume_window([v.data.ravel(order="K")[::_SAMPLE_STRIDE] for v in volumes])
             self._windows.put(key, cached)
@@ -116,6 +118,7 @@ class Imaging:
         key = (self.store.file_key(vf.organs, patient_id, visit) if vf.organs else None, organ)
         cached = self._extents.get(key)
         if cached is None:
+            require_resident(f"extent of {organ} in {patient_id} {visit}")  # a pass over the label map
             labels = self.store.organ_labels(patient_id, visit)
             mask = labels.data == label.index if label else np.zeros(labels.shape, bool)
             bounds = []
@@ -226,7 +229,11 @@ class Imaging:
         return RenderedSlice(panel, first, left.window, left.pixel_mm, [])
 
     def _legend(self, labels: np.ndarray) -> list[tuple[str, str]]:
-        counts = render.histogram(labels)
+        # background is never listed: count the labelled pixels only, a tenth of the slice (a histogram of
+        # long runs of one value is several times slower per pixel than of varied ones)
+        labelled = labels[labels != 0]
+        counts = render.histogram(labelled)
+        counts[0] = labels.size - labelled.size  # the same array as a whole-slice count: the same order
         table = self.store.label_table
         order = np.argsort(counts)[::-1]
         present = [int(i) for i in order[(counts[order] > 0) & (order != 0)]]
