@@ -167,7 +167,9 @@ class Imaging:
         mm = low + percent / 100.0 * (high - low)
         out = {}
         for v, volume in volumes.items():
-            index = int(np.clip(_index_at(volume, axis, mm), 0, volume.shape[axis] - 1))
+            index = min(
+                max(_index_at(volume, axis, mm), 0), volume.shape[axis] - 1
+            )  # np.clip costs 10 us a scalar
             out[v] = SlicePosition(
                 plane, index, volume.shape[axis], round(_world_along(volume, axis, index), 1), percent, organ
             )
@@ -178,7 +180,7 @@ class Imaging:
     ) -> float:
         """The `position` argument that cuts through world coordinate `mm` (inverse of `positions`)."""
         low, high, _ = self._span(patient_id, visits, AXIS[plane], organ, channel)
-        return float(np.clip(100.0 * (mm - low) / (high - low), 0.0, 100.0)) if high > low else 50.0
+        return min(max(100.0 * (mm - low) / (high - low), 0.0), 100.0) if high > low else 50.0
 
     # -- rendering ----------------------------------------------------------------------------------------
     def render(
