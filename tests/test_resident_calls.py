@@ -7,7 +7,6 @@ import dataclasses
 import os
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import pytest
@@ -19,7 +18,7 @@ from case_env.envs.imaging.data.store import PatientStore
 from case_env.server.settings import ServerSettings
 from case_env.settings import DataSettings
 from tests.server_harness import live_server, with_tools
-from tests.test_data_store import SUB, copy_patient
+from tests.test_data_store import copy_patient
 
 RENDER = {"visit": "baseline", "sequence": "water", "plane": "coronal", "position": 40, "overlay": True}
 VOLUME = {"organ": "liver", "visit": "follow_up"}
@@ -61,7 +60,7 @@ def test_a_cold_case_goes_to_the_pool_and_a_warm_one_stays_on_the_loop_with_the_
     seen: list = []
     settings = {"response_cache_mb": 0, "warm_patients": False, "render_threads": 1}
     with live_server(dataset, tmp_path, environments=_environment(seen), **settings) as live:
-        assert live.state.loop_renders  # one render thread: nothing to gain from the hand-off
+        assert live.state.settings.renders_on_loop  # one render thread: nothing to gain from the hand-off
         cold = _call(live.url, "render_slice", RENDER)
         assert _places(seen, "render_slice") == ["loop", "pool"]  # the loop refused at the first read
         warm = _call(live.url, "render_slice", RENDER)
@@ -80,7 +79,7 @@ def test_renders_stay_in_the_pool_when_a_worker_has_render_threads_to_spare(data
     seen: list = []
     settings = {"response_cache_mb": 0, "render_threads": 2}
     with live_server(dataset, tmp_path, environments=_environment(seen), **settings) as live:
-        assert not live.state.loop_renders
+        assert not live.state.settings.renders_on_loop
         for _ in range(2):
             _call(live.url, "render_slice", RENDER)
             _call(live.url, "get_organ_volume", VOLUME)
@@ -100,9 +99,13 @@ def test_a_tool_that_does_not_declare_resident_never_runs_on_the_loop(dataset, t
         assert set(_places(seen, "get_organ_volume")) == set(_places(seen, "render_slice")) == {"pool"}
 
 
-def test_loop_renders_follows_the_render_threads_unless_set():
-    assert ServerSettings(render_threads=1).loop_renders is None
-    assert ServerSettings(loop_renders=False, render_threads=1).loop_renders is False
+@pytest.mark.parametrize(
+    ("threads", "chosen", "on_loop"),
+    [(1, None, True), (2, None, False), (2, True, True), (1, False, False)],
+)
+def test_renders_go_on_the_loop_with_one_render_thread_unless_set(threads, chosen, on_loop, monkeypatch):
+    monkeypatch.delenv("CASE_ENV_LOOP_RENDERS", raising=False)
+    assert ServerSettings(render_threads=threads, loop_renders=chosen).renders_on_loop is on_loop
 
 
 def test_the_store_refuses_io_on_the_loop_and_answers_from_memory_once_read(dataset, tmp_path):
@@ -125,4 +128,3 @@ def test_the_store_refuses_io_on_the_loop_and_answers_from_memory_once_read(data
     with resident_only(), pytest.raises(NotResidentError):
         store.sidecar(patient, "baseline", "water")
     assert store.sidecar(patient, "baseline", "water") == sidecar
-    assert SUB in str(Path(path))

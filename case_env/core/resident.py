@@ -4,10 +4,10 @@ Handing a call to a pool thread and back costs the server's event loop about 0.4
 (the wake-up of an idle thread, measured by `scripts/bench_render.py`, `thread_hop_ms`): more than a text
 tool's whole answer and a fifth of a render. Most calls of a warm case need no I/O at all, so a tool that
 declares `RESIDENT = True` is first run on the loop under `resident_only()`; its store calls
-`require_resident()` before anything that could block or take long (a file read, a decode, a one-time
-pass over a volume), which raises
-`NotResidentError` there, and the server then runs the call in its pool as before. The work done before the
-raise is repeated in the pool; it happens once per file per worker, the first time a case is touched.
+`require_resident()` before anything that could block or take long (a file read, a decode, a one-time pass
+over a volume), which raises `NotResidentError` there, and the server then runs the call in its pool as
+before. The work done before the raise is repeated in the pool; it happens once per file per worker, the
+first time a case is touched.
 A stat is not refused: the response cache's key stats a case's files on the loop anyway (once per
 `stat_ttl_s`), and pages of a memory-mapped volume that the kernel evicted fault back in from local disk.
 
@@ -25,11 +25,7 @@ _resident_only: ContextVar[bool] = ContextVar("case_env_resident_only", default=
 
 
 class NotResidentError(Exception):
-    """The call needs I/O (named by `what`), which must not happen on the event loop."""
-
-    def __init__(self, what: str):
-        super().__init__(what)
-        self.what = what
+    """The call needs I/O (the message names it), which must not happen on the event loop."""
 
 
 def on_loop() -> bool:

@@ -80,6 +80,12 @@ class ServerSettings(BaseSettings):
         "OpenTelemetry SDK). Off by default: the per-request check for configured providers alone cost a tenth "
         "of a cheap call's CPU (issue 19 profile), and /metrics already counts every call.",
     )
+
+    @property
+    def renders_on_loop(self) -> bool:
+        """Warm renders run on the event loop: `loop_renders` when set, else when there is one render thread."""
+        return self.render_threads == 1 if self.loop_renders is None else self.loop_renders
+
     max_body_bytes: int = Field(65536, ge=1024, description="Larger request bodies are refused with 413.")
     max_score_body_bytes: int = Field(
         4 * 2**20, ge=1024, description="Body limit of POST /v1/score, which carries a whole trajectory."

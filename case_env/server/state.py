@@ -46,12 +46,6 @@ class ServerState:
     _readiness: tuple[float, tuple[bool, str | None]] = (0.0, (False, None))  # (valid until, answer)
 
     @property
-    def loop_renders(self) -> bool:
-        """Warm renders run on the event loop (see ServerSettings.loop_renders)."""
-        chosen = self.settings.loop_renders
-        return self.settings.render_threads == 1 if chosen is None else chosen
-
-    @property
     def schema_version(self) -> str:
         return schema_version(self.tools)
 

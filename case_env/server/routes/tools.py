@@ -288,12 +288,9 @@ async def _compute(
             return Outcome.failure(ErrorCode.DATA_UNAVAILABLE, message, bound=True)
         return _success(result)
 
-    if spec.inline:  # microseconds from memory: a pool thread would cost more than the call
-        try:
-            return job()
-        except Exception:
-            return _internal(spec)
-    if spec.resident and (not spec.renders or state.loop_renders):
+    # on the event loop: an inline tool (microseconds from memory, a pool thread would cost more than the
+    # call) and a resident one whose data is in memory; the store refuses I/O there (case_env.core.resident)
+    if spec.inline or (spec.resident and (not spec.renders or state.settings.renders_on_loop)):
         try:
             with resident_only():
                 return job()
