@@ -35,8 +35,8 @@ from case_env.envs.imaging.viewer import render
 from case_env.settings import DataSettings
 
 
-def _pillow_resize(u8: np.ndarray, size: tuple[int, int]) -> Image.Image:
-    return Image.fromarray(np.ascontiguousarray(u8)).resize(size, Image.BILINEAR)
+def _pillow_resize(u8: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    return np.array(Image.fromarray(np.ascontiguousarray(u8)).resize(size, Image.BILINEAR))
 
 
 @contextmanager

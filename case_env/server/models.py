@@ -122,7 +122,9 @@ class CallRecord(BaseModel):
     status: str = Field(description="ok, or the error code.")
     http_status: int
     latency_ms: float
-    output_digest: str | None = Field(None, description="BLAKE2b-128 of the text and image bytes returned.")
+    output_digest: str | None = Field(
+        None, description="SHA-256 of the text and image bytes returned, its first 128 bits in hex."
+    )
 
 
 class EpisodeResponse(BaseModel):

@@ -6,7 +6,7 @@ from case_env.tools.imaging._text import organ_words
 
 from case_env.core.tools import ErrorCode, ToolError, ToolImage
 from case_env.envs.imaging.context import ImagingContext
-from case_env.envs.imaging.viewer.render import ORIENTATION, ORIENTATION_WORDS, Plane, encode_png
+from case_env.envs.imaging.viewer.render import ORIENTATION, ORIENTATION_WORDS, Plane, Raster, encode_png
 from case_env.envs.imaging.viewer.service import OrganNotFoundError, RenderedSlice, SlicePosition
 
 AXIS_NAME = {Plane.AXIAL: "z", Plane.CORONAL: "y", Plane.SAGITTAL: "x"}
@@ -61,5 +61,5 @@ def legend(rendered: RenderedSlice, limit: int = 10) -> str:
     return f" Outlines: {shown}" + (f" and {more} more." if more > 0 else ".")
 
 
-def png(image) -> ToolImage:
+def png(image: Raster) -> ToolImage:
     return ToolImage(encode_png(image), image.width, image.height)

@@ -101,9 +101,12 @@ def volume_window(samples: list[np.ndarray], low_pct: float = 0.5, high_pct: flo
 
 
 def to_uint8(values: np.ndarray, window: Window) -> np.ndarray:
-    scale = np.float32(255.0 / (window.high - window.low))
-    out = (values.astype(np.float32) - np.float32(window.low)) * scale
-    np.clip(out, 0, 255, out=out)
+    """Window to 0-255, truncating: (value - low) * 255 / (high - low) in float32, clipped. Ufuncs with
+    `out=` rather than `np.clip`, whose Python wrapper cost as much as the arithmetic on a slice."""
+    out = np.subtract(values, np.float32(window.low), dtype=np.float32)  # reads a strided slice once
+    out *= np.float32(255.0 / (window.high - window.low))
+    np.maximum(out, 0, out=out)
+    np.minimum(out, 255, out=out)
     return out.astype(np.uint8)
 
 
@@ -122,9 +125,9 @@ def pair_longest(shape: tuple[int, int], mm: tuple[float, float], max_side: int)
     return min(max_side, int(max_side * height_mm / (2 * width_mm)))
 
 
-def resize(u8: np.ndarray, size: tuple[int, int]) -> Image.Image:
-    """Bilinear resize of a grey slice to (width, height), as a Pillow image (see the module docstring)."""
-    return Image.fromarray(cv2.resize(np.ascontiguousarray(u8), size, interpolation=cv2.INTER_LINEAR_EXACT))
+def resize(u8: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """Bilinear resize of a grey slice to (width, height), a new writable array (see the module docstring)."""
+    return cv2.resize(np.ascontiguousarray(u8), size, interpolation=cv2.INTER_LINEAR_EXACT)
 
 
 def resize_labels(labels: np.ndarray, size: tuple[int, int]) -> np.ndarray:
@@ -134,136 +137,225 @@ def resize_labels(labels: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     return cv2.resize(np.ascontiguousarray(labels), size, interpolation=cv2.INTER_NEAREST_EXACT)
 
 
+_CROSS = cv2.getStructuringElement(cv2.MORPH_CROSS, (3, 3))
+
+
 def contour_mask(labels: np.ndarray) -> np.ndarray:
-    """Pixels of a label whose 4-neighbourhood holds another label."""
-    edge = np.zeros(labels.shape, bool)
-    diff_v = labels[:-1, :] != labels[1:, :]
-    diff_h = labels[:, :-1] != labels[:, 1:]
-    edge[:-1, :] |= diff_v
-    edge[1:, :] |= diff_v
-    edge[:, :-1] |= diff_h
-    edge[:, 1:] |= diff_h
-    return edge & (labels > 0)
+    """Pixels of a label whose 4-neighbourhood holds another label: where the largest and smallest label of
+    the pixel and its four neighbours differ (OpenCV's dilate and erode ignore the outside of the slice)."""
+    largest = cv2.dilate(labels, _CROSS)
+    smallest = cv2.erode(labels, _CROSS)
+    return (largest != smallest) & (labels > 0)
 
 
-def overlay_contours(gray: Image.Image, labels: np.ndarray, palette: np.ndarray) -> Image.Image:
-    """Each label's outline in its colour over the slice, as a palette image: one byte per pixel instead of
-    three, so the PNG encoder compresses a third of the data (most of an overlay render's time).
+@dataclass(frozen=True)
+class Raster:
+    """A rendered image as the PNG encoder takes it: grey levels, or palette indices with their palette of
+    256 RGB entries. Images stay numpy arrays from the resize to the encoder: each Pillow round trip copied
+    the pixels (issue 19)."""
 
-    The palette is the 256 greys with one slot per outline colour taken over. The slots freed are grey
-    levels the slice does not use, else the rarest ones, whose pixels move one level to a neighbour; white
-    is never taken. So outlines are exact and every grey is within one level of the RGB rendering
-    (`tests/test_render_fast_paths.py` checks both). Text goes on the grey slice first, since Pillow blends
-    palette indices rather than colours: the orientation letters now lie under an outline that crosses
-    them, where they used to lie over it."""
-    g = np.asarray(gray)
+    pixels: np.ndarray
+    palette: bytes | None = None
+
+    @property
+    def width(self) -> int:
+        return self.pixels.shape[1]
+
+    @property
+    def height(self) -> int:
+        return self.pixels.shape[0]
+
+    def to_pil(self) -> Image.Image:
+        image = Image.fromarray(self.pixels, "P" if self.palette else "L")
+        if self.palette:
+            image.putpalette(self.palette)
+        return image
+
+
+def overlay_contours(
+    gray: np.ndarray, labels: np.ndarray, palette: np.ndarray, native: np.ndarray, stamped: np.ndarray
+) -> Raster:
+    """Each label's outline in its colour over the grey slice, as a palette image: one byte per pixel instead
+    of three, so the PNG encoder compresses a third of the data (most of an overlay render's time).
+
+    The palette is the 256 greys with one slot per outline colour taken over (`_free_levels`). `native` is
+    the slice before its resize and `stamped` the levels of the pixels the orientation letters took: the
+    levels free to take are judged from them, since counting the resized slice took longer than the rest of
+    the overlay. Text goes on the grey slice first, since blending palette indices would not blend colours:
+    the orientation letters lie under an outline that crosses them."""
     edge = contour_mask(labels)
-    outlined = labels[edge]  # a few thousand pixels: everything below indexes them, not the whole slice
+    where = np.flatnonzero(edge)  # a few thousand pixels: everything below indexes them, not the whole slice
+    outlined = labels.ravel()[where]
     present = np.flatnonzero(histogram(outlined))
     if len(present) == 0:
-        return gray
-    counts = histogram(g)
-    counts[255] = np.iinfo(counts.dtype).max  # white stays
-    freed = np.argsort(counts, kind="stable")[: len(present)]  # unused levels first, then the rarest
-    if counts[freed].any():  # a freed level in use: its pixels take the nearest kept level
-        kept = np.setdiff1d(np.arange(256), freed)
-        lut = np.arange(256, dtype=np.uint8)
-        lut[freed] = kept[np.abs(kept[None, :] - freed[:, None]).argmin(axis=1)]
-        index = lut[g]
-    else:
-        index = g.copy()
+        return Raster(gray)
+    freed, index = _free_levels(gray, native, stamped, len(present))
     slot = np.zeros(256, np.uint8)
     slot[present] = freed
-    index[edge] = slot[outlined]
+    index.ravel()[where] = slot[outlined]
     colours = np.repeat(np.arange(256, dtype=np.uint8)[:, None], 3, axis=1)
     colours[freed] = palette[present]
-    image = Image.fromarray(index, "P")
-    image.putpalette(colours.ravel().tobytes())
-    return image
+    return Raster(index, colours.tobytes())
+
+
+def _free_levels(
+    gray: np.ndarray, native: np.ndarray, stamped: np.ndarray, count: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """`count` grey levels to hand to outline colours, and the slice with the pixels of any freed level
+    moved to a kept neighbouring level.
+
+    Levels outside the native slice's range, and not drawn by a letter, are unused: a bilinear resize never
+    leaves the range of the pixels it weighs. Those go first, lowest first, and change no pixel; the
+    slices of the bench data have 60 of them on average. When they are too few (the slice holds
+    near-white voxels), the levels rarest in the native slice follow, each with both neighbours kept, so
+    its pixels move by exactly one level. White is never taken: the letters are white."""
+    counts = histogram(native)
+    span = np.flatnonzero(counts)
+    counts += histogram(stamped)
+    levels = np.arange(255)
+    unused = levels[((levels < span[0]) | (levels > span[-1])) & (counts[:255] == 0)]
+    if len(unused) >= count:
+        return unused[:count], gray.copy()
+    freed = [int(level) for level in unused]
+    taken = set(freed)
+    rarest = [int(level) for level in np.argsort(counts, kind="stable") if level not in taken]
+    for level in rarest:  # both neighbours kept: each moved pixel moves one level
+        if len(freed) < count and level != 255 and taken.isdisjoint((level - 1, level + 1)):
+            freed.append(level)
+            taken.add(level)
+    for level in rarest:  # more outline colours than half the levels: the rest, nearest kept level
+        if len(freed) < count and level != 255 and level not in taken:
+            freed.append(level)
+            taken.add(level)
+    freed_levels = np.array(freed)
+    kept = np.setdiff1d(np.arange(256), freed_levels)
+    lut = np.arange(256, dtype=np.uint8)
+    lut[freed_levels] = kept[np.abs(kept[None, :] - freed_levels[:, None]).argmin(axis=1)]
+    return freed_levels, cv2.LUT(gray, lut)
 
 
 def histogram(u8: np.ndarray) -> np.ndarray:
-    """Pixel count of each of the 256 levels of a uint8 array (Pillow's C histogram: np.bincount first
-    widens every pixel to 64 bits, several times slower on a slice)."""
+    """Pixel count of each of the 256 levels of a uint8 array (OpenCV's: np.bincount first widens every
+    pixel to 64 bits, several times slower on a slice, and Pillow's needs an image made first)."""
     if u8.size == 0:
         return np.zeros(256, np.int64)
-    flat = np.ascontiguousarray(u8, dtype=np.uint8).reshape(1, -1)
-    return np.array(Image.fromarray(flat, "L").histogram(), dtype=np.int64)
+    return cv2.calcHist([u8], [0], None, [256], [0, 256]).ravel().astype(np.int64)
 
 
-def draw_orientation(img: Image.Image, plane: Plane) -> None:
-    """Small orientation letters at the middle of each edge."""
+def draw_orientation(gray: np.ndarray, plane: Plane) -> np.ndarray:
+    """Small orientation letters at the middle of each edge, white on the grey slice; the levels drawn."""
     left, right, top, bottom = ORIENTATION[plane]
-    w, h = img.size
-    stamp_text(img, (2, h // 2 - 5), left)
-    stamp_text(img, (w - 8, h // 2 - 5), right)
-    stamp_text(img, (w // 2 - 3, 1), top)
-    stamp_text(img, (w // 2 - 3, h - 12), bottom)
+    h, w = gray.shape
+    placements = (
+        (2, h // 2 - 5, left),
+        (w - 8, h // 2 - 5, right),
+        (w // 2 - 3, 1, top),
+        (w // 2 - 3, h - 12, bottom),
+    )
+    return stamp_texts(gray, placements)
 
 
 @functools.lru_cache(maxsize=256)
-def _text_mask(text: str) -> Image.Image:
+def _text_mask(text: str) -> np.ndarray:
     """Coverage of `text` drawn in white at the origin, rendered by FreeType once per string."""
     font = label_font()
     box = font.getbbox(text)
     mask = Image.new("L", (max(1, box[2]), max(1, box[3])), 0)
     ImageDraw.Draw(mask).text((0, 0), text, fill=255, font=font)
-    return mask
+    return np.asarray(mask, dtype=np.uint16)
 
 
-def stamp_text(img: Image.Image, xy: tuple[int, int], text: str) -> None:
-    """White `text` at `xy`, as `ImageDraw.text` would put it, from a cached glyph mask."""
-    mask = _text_mask(text)
-    if img.mode == "P":  # Pillow would blend palette indices, not colours
-        raise ValueError("stamp text before the palette overlay (draw_orientation on the grey slice)")
-    img.paste(
-        255 if img.mode == "L" else (255, 255, 255), (*xy, xy[0] + mask.width, xy[1] + mask.height), mask
-    )
+Placement = tuple[int, int, str]  # (x, y, text): where a text's top-left corner goes
 
 
-def side_by_side(left: Image.Image, right: Image.Image, left_title: str, right_title: str) -> Image.Image:
-    """Two equally sized images with a title strip above each."""
-    mode = "RGB" if "RGB" in (left.mode, right.mode) else "L"
-    w, h = left.size
-    panel = Image.new(mode, (2 * w, h + HEADER_PX), 0)
-    panel.paste(left.convert(mode), (0, HEADER_PX))
-    panel.paste(right.convert(mode), (w, HEADER_PX))
-    stamp_text(panel, (3, 1), left_title)
-    stamp_text(panel, (w + 3, 1), right_title)
-    ImageDraw.Draw(panel).line([(w, 0), (w, h + HEADER_PX - 1)], fill=255 if mode == "L" else (255, 255, 255))
-    return panel
+@functools.lru_cache(maxsize=512)
+def _stamp_plan(
+    shape: tuple[int, int], placements: tuple[Placement, ...]
+) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], ...]:
+    """Passes that blend `placements` into an image of `shape`: the flat indices of the pixels a text covers
+    (coverage m > 0; m = 0 leaves a pixel as it is) and the two factors of Pillow's blend of white through
+    m, out = DIV255(in * (255 - m) + 255 * m) with DIV255(t) = (t + 128 + (t + 128 >> 8)) >> 8
+    (`tests/test_render_fast_paths.py` checks every pair of in and m). Texts that do not overlap share
+    one pass; one that overlaps an earlier text starts the next, as Pillow would draw it over."""
+    passes: list[tuple[list, list]] = []
+    for x, y, text in placements:
+        mask = _text_mask(text)
+        rows, cols = np.nonzero(mask)
+        inside = (rows + y >= 0) & (rows + y < shape[0]) & (cols + x >= 0) & (cols + x < shape[1])
+        rows, cols = rows[inside], cols[inside]  # clipped to the image, as Pillow clips a paste
+        index = (rows + y) * shape[1] + cols + x
+        if not passes or any(np.intersect1d(index, other).size for other in passes[-1][0]):
+            passes.append(([], []))
+        passes[-1][0].append(index)
+        passes[-1][1].append(mask[rows, cols])
+    plan = []
+    for indices, coverages in passes:
+        coverage = np.concatenate(coverages)
+        plan.append((np.concatenate(indices), 255 - coverage, 255 * coverage + 128))  # sum <= 255 * 255 + 128
+    return tuple(plan)
+
+
+def stamp_texts(gray: np.ndarray, placements: tuple[Placement, ...]) -> np.ndarray:
+    """White texts drawn in place into a C-contiguous grey image, the very pixels `ImageDraw.text` gives,
+    clipped to the image; the levels of the pixels drawn. A cached plan per image size makes it a few
+    array operations whatever the number of texts (drawing text by text took a tenth of a render)."""
+    if not gray.flags.c_contiguous:
+        raise ValueError("stamp_texts draws in place: the image must be C-contiguous")
+    flat = gray.reshape(-1)
+    drawn = []
+    for index, keep, add in _stamp_plan(gray.shape, placements):
+        blend = flat[index] * keep
+        blend += add
+        blend += blend >> 8
+        blend >>= 8
+        flat[index] = blend
+        drawn.append(index)
+    return flat[np.concatenate(drawn)] if drawn else flat[:0]
+
+
+def side_by_side(left: Raster, right: Raster, left_title: str, right_title: str) -> Raster:
+    """Two equally sized grey images with a title strip above each and a white line between them."""
+    h, w = left.pixels.shape
+    panel = np.zeros((h + HEADER_PX, 2 * w), np.uint8)
+    panel[HEADER_PX:, :w] = left.pixels
+    panel[HEADER_PX:, w:] = right.pixels
+    stamp_texts(panel, ((3, 1, left_title), (w + 3, 1, right_title)))
+    panel[:, w] = 255
+    return Raster(panel)
 
 
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-_PNG_COLOUR_TYPE = {"L": (1, 0), "RGB": (3, 2), "P": (1, 3)}  # mode -> (channels, PNG colour type)
 _UP_FILTER = 2
 
 
 def _chunk(tag: bytes, data: bytes) -> bytes:
-    return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data))
+    return b"".join(
+        (struct.pack(">I", len(data)), tag, data, struct.pack(">I", zlib.crc32(data, zlib.crc32(tag))))
+    )
 
 
-def encode_png(img: Image.Image) -> bytes:
-    """8-bit greyscale, RGB or palette PNG, every row Up-filtered. Other modes, and any PNG_LEVEL but 1 (the
-    naive benchmark engine sets Pillow's default), go through Pillow."""
-    if img.mode not in _PNG_COLOUR_TYPE or PNG_LEVEL != 1:
+def encode_png(raster: Raster) -> bytes:
+    """8-bit greyscale or palette PNG, every row Up-filtered. Any PNG_LEVEL but 1 (the naive benchmark
+    engine sets Pillow's default) goes through Pillow's encoder."""
+    if PNG_LEVEL != 1:
         buffer = io.BytesIO()
-        img.save(buffer, format="PNG", compress_level=PNG_LEVEL)
+        raster.to_pil().save(buffer, format="PNG", compress_level=PNG_LEVEL)
         return buffer.getvalue()
-    channels, colour_type = _PNG_COLOUR_TYPE[img.mode]
-    rows = np.asarray(img).reshape(img.height, img.width * channels)
-    filtered = np.empty((img.height, rows.shape[1] + 1), np.uint8)
+    rows = raster.pixels
+    height, width = rows.shape
+    filtered = np.empty((height, width + 1), np.uint8)
     filtered[:, 0] = _UP_FILTER  # the row above the first is all zeros, so its Up filter is the identity
     filtered[0, 1:] = rows[0]
     np.subtract(rows[1:], rows[:-1], out=filtered[1:, 1:])  # modulo 256, as PNG defines it
-    header = struct.pack(">IIBBBBB", img.width, img.height, 8, colour_type, 0, 0, 0)
-    palette = [_chunk(b"PLTE", bytes(img.getpalette()[:768]))] if img.mode == "P" else []
+    colour_type = 3 if raster.palette else 0
+    header = struct.pack(">IIBBBBB", width, height, 8, colour_type, 0, 0, 0)
+    palette = [_chunk(b"PLTE", raster.palette)] if raster.palette else []
     return b"".join(
         (
             _PNG_SIGNATURE,
             _chunk(b"IHDR", header),
             *palette,
-            _chunk(b"IDAT", deflate.compress(filtered.tobytes(), PNG_LEVEL)),
+            _chunk(b"IDAT", deflate.compress(filtered, PNG_LEVEL)),
             _chunk(b"IEND", b""),
         )
     )

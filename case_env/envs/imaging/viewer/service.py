@@ -14,7 +14,6 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 
 import numpy as np
-from PIL import Image
 
 from case_env.core.resident import require_resident
 from case_env.envs.imaging.data.nifti import Volume
@@ -44,7 +43,7 @@ class SlicePosition:
 
 @dataclass(frozen=True)
 class RenderedSlice:
-    image: Image.Image
+    image: render.Raster
     position: SlicePosition
     window: Window
     pixel_mm: float
@@ -196,15 +195,17 @@ class Imaging:
         raw = render.take_slice(volume.data, position.plane, position.index)
         mm = render.pixel_mm(volume.spacing, position.plane)
         size = render.display_size(raw.shape, mm, longest or self.max_side)
-        gray = render.resize(render.to_uint8(raw, window), size)
+        native = render.to_uint8(raw, window)
+        gray = render.resize(native, size)
+        stamped = render.draw_orientation(gray, position.plane)  # on the grey slice: see overlay_contours
+        image = render.Raster(gray)
         legend: list[tuple[str, str]] = []
-        render.draw_orientation(gray, position.plane)  # on the grey slice: see render.overlay_contours
-        image = gray
         if overlay:
             labels = self.store.organ_labels(patient_id, visit)
-            small = render.resize_labels(render.take_slice(labels.data, position.plane, position.index), size)
-            image = render.overlay_contours(gray, small, self._palette)
-            legend = self._legend(small)
+            native_labels = render.take_slice(labels.data, position.plane, position.index)
+            small = render.resize_labels(native_labels, size)
+            image = render.overlay_contours(gray, small, self._palette, native, stamped)
+            legend = self._legend(render.histogram(native_labels))
         pixel = max(raw.shape[0] * mm[0], raw.shape[1] * mm[1]) / max(size)
         return RenderedSlice(image, position, window, round(pixel, 2), legend)
 
@@ -223,18 +224,16 @@ class Imaging:
         longest = render.pair_longest(shape, render.pixel_mm(volume.spacing, first.plane), self.max_side)
         left = self.render(patient_id, visits[0], channel, first, False, longest)
         right = self.render(patient_id, visits[1], channel, positions[visits[1]], False, longest)
-        right_image = (
-            right.image if right.image.size == left.image.size else right.image.resize(left.image.size)
-        )
+        right_image = right.image
+        if right_image.pixels.shape != left.image.pixels.shape:  # grids that differ: Pillow's default resize
+            size = (left.image.width, left.image.height)
+            right_image = render.Raster(np.array(right_image.to_pil().resize(size)))
         panel = render.side_by_side(left.image, right_image, *titles)
         return RenderedSlice(panel, first, left.window, left.pixel_mm, [])
 
-    def _legend(self, labels: np.ndarray) -> list[tuple[str, str]]:
-        # background is never listed: count the labelled pixels only, a tenth of the slice (a histogram of
-        # long runs of one value is several times slower per pixel than of varied ones)
-        labelled = labels[labels != 0]
-        counts = render.histogram(labelled)
-        counts[0] = labels.size - labelled.size  # the same array as a whole-slice count: the same order
+    def _legend(self, counts: np.ndarray) -> list[tuple[str, str]]:
+        """The organs of a label count of the native slice (background never), largest first: by area, which
+        the native slice gives exactly; counting the resized one was slower and could swap near-equals."""
         table = self.store.label_table
         order = np.argsort(counts)[::-1]
         present = [int(i) for i in order[(counts[order] > 0) & (order != 0)]]
