@@ -16,6 +16,10 @@ an image and its digest never depend on the machine), 5 times faster than Pillow
 replicate the border; they round differently, so a grey level can differ by one from what Pillow gave
 before issue 19, never by more (`tests/test_render_fast_paths.py` checks this on every plane).
 
+From the resize to the encoder an image is a numpy array (`Raster`), never a Pillow image: each round trip
+copied the pixels, and drawing the letters through Pillow cost more than the resize. Pillow still renders
+each glyph once (its FreeType coverage) and the blend is its formula, so letters are the same pixels.
+
 Display follows the radiological convention on RAS+ arrays: axial and coronal images put the patient's
 right on the viewer's left; sagittal images put anterior on the left; superior or anterior is up.
 """
