@@ -222,15 +222,15 @@ def _free_levels(
         return unused[:count], gray.copy()
     freed = [int(level) for level in unused]
     taken = set(freed)
-    rarest = [int(level) for level in np.argsort(counts, kind="stable") if level not in taken]
-    for level in rarest:  # both neighbours kept: each moved pixel moves one level
-        if len(freed) < count and level != 255 and taken.isdisjoint((level - 1, level + 1)):
-            freed.append(level)
-            taken.add(level)
-    for level in rarest:  # more outline colours than half the levels: the rest, nearest kept level
-        if len(freed) < count and level != 255 and level not in taken:
-            freed.append(level)
-            taken.add(level)
+    rarest = [int(level) for level in np.argsort(counts[:255], kind="stable") if level not in taken]
+    # first with both neighbours kept, so each moved pixel moves one level; then, only with more outline
+    # colours than half the levels, any of the rest (their pixels take the nearest kept level)
+    for spaced in (True, False):
+        for level in rarest:
+            spacing_kept = not spaced or taken.isdisjoint((level - 1, level + 1))
+            if len(freed) < count and level not in taken and spacing_kept:
+                freed.append(level)
+                taken.add(level)
     freed_levels = np.array(freed)
     kept = np.setdiff1d(np.arange(256), freed_levels)
     lut = np.arange(256, dtype=np.uint8)
