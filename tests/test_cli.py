@@ -108,6 +108,7 @@ def test_bench_server_measures_case_env_against_every_baseline(dataset, tmp_path
         for tool in run_figures["latency_ms"].values():
             assert 0 < tool["p50"] <= tool["p95"] <= tool["p99"]
         assert run_figures["server_cpu_cores"] > 0 and run_figures["server_cpu_ms_per_call"] > 0
+        assert run_figures["load_cpu_ms_per_call"] > 0  # what the load generator took from the shared cores
         if run_figures["engine"] != "naive":
             assert set(run_figures["unloaded_ms"]) == set(run_figures["latency_ms"]), name
     runs = figures["runs"]

@@ -219,6 +219,37 @@ def test_metrics(server):
     assert float(live.split()[1]) >= 1
 
 
+def test_published_metrics_equal_one_observation_per_call(monkeypatch):
+    """Calls are tallied and published in batches; the exposition must be what prometheus_client gives when
+    every call is observed on its own (bucket bounds included: a latency equal to a bound counts in it)."""
+    from case_env.server.metrics import LATENCY_BUCKETS, Metrics
+
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    calls = [("render_slice", "ok", s) for s in (*LATENCY_BUCKETS, 0.0, 0.0031, 0.7, 45.0)]
+    calls += [("list_visits", "ok", 0.0002)] * 5 + [("list_visits", "unknown_visit", 0.01)] * 2
+    batched, single = Metrics(), Metrics()
+    for tool, status, seconds in calls:
+        batched.observe(tool, status, seconds)
+        single.calls.labels(tool, status).inc()
+        single.latency.labels(tool).observe(seconds)
+    for result in ("hit", "miss", "miss", "shared"):
+        batched.count_cache(result)
+        single.response_cache.labels(result).inc()
+    batched.publish()
+    batched.observe("list_visits", "ok", 0.0002)  # a second batch adds to the first
+    single.calls.labels("list_visits", "ok").inc()
+    single.latency.labels("list_visits").observe(0.0002)
+
+    def exposition(metrics: Metrics) -> dict[str, float]:
+        lines = metrics.render().decode().splitlines()
+        samples = [line.rpartition(" ") for line in lines if not line.startswith("#") and "_created" not in line]
+        return {series: float(value) for series, _, value in samples}
+
+    # counts exactly; sums to rounding, since a batch adds its total where single calls add one by one
+    assert exposition(batched) == pytest.approx(exposition(single), rel=1e-12)
+    assert exposition(batched)['case_env_tool_latency_seconds_bucket{le="0.005",tool="render_slice"}'] == 4.0
+
+
 def test_openapi_is_valid_and_complete(server):
     spec = httpx.get(f"{server.url}/openapi.json", timeout=10).json()
     validate(spec)
@@ -537,8 +568,12 @@ def test_workers_share_episodes_and_metrics(dataset, tmp_path):
             post(url, "list_visits", patient="case0002", episode="shared").status_code for _ in range(12)
         ]
         assert refused == [403] * 12
-        metrics = httpx.get(f"{url}/metrics", timeout=10).text
-        assert 'case_env_tool_calls_total{status="scope_violation",tool="list_visits"} 12.0' in metrics
+        # each worker publishes its calls every quarter second, the one answering a scrape before it answers
+        wanted = 'case_env_tool_calls_total{status="scope_violation",tool="list_visits"} 12.0'
+        deadline = time.monotonic() + 5
+        while wanted not in (metrics := httpx.get(f"{url}/metrics", timeout=10).text):
+            assert time.monotonic() < deadline, metrics
+            time.sleep(0.1)
         assert httpx.get(f"{url}/v1/episodes/shared", timeout=10).json()["calls_total"] == 1
 
 

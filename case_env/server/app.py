@@ -26,8 +26,8 @@ from case_env.server.admission import Admission
 from case_env.server.audit import AuditLog
 from case_env.server.auth import AuthError
 from case_env.server.episodes import EpisodeStore
-from case_env.server.errors import describe, error_response, short
-from case_env.server.fastpath import ToolCallFastPath
+from case_env.server.errors import INTERNAL_MESSAGE, describe, error_response, short
+from case_env.server.fastpath import ToolServer
 from case_env.server.limits import BodyLimit
 from case_env.server.metrics import Metrics
 from case_env.server.replay import ReplayBook
@@ -48,14 +48,16 @@ model can act on; service problems use HTTP status codes (429, 503, 504) that cl
 
 async def _tick(state: ServerState) -> None:
     # every quarter second: an episode's calls of that time share one transaction and one counter update
-    # (reads of an episode flush first, so they never lag), and the sampled gauges are refreshed
+    # (reads of an episode flush first, so they never lag), the calls' metrics are published and the
+    # sampled gauges refreshed
     while True:
         await asyncio.sleep(0.25)
         try:
             state.episodes.flush()
+            state.metrics.publish()
             state.note_gauges()
         except Exception:  # a failed flush must not end the loop
-            log.exception("episode flush or gauge refresh failed")
+            log.exception("episode flush or metrics publish failed")
 
 
 async def _sweep_episodes(state: ServerState) -> None:
@@ -111,7 +113,7 @@ def create_app(
     hosted, tool_env = _hosted(environments)
 
     @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: ToolServer) -> AsyncIterator[None]:
         raise_open_file_limit()
         specs = {name: spec for env in hosted.values() for name, spec in env.tools.items()}
         replay = ReplayBook.load(settings.replay_dir, specs) if settings.replay_dir else None
@@ -164,6 +166,7 @@ def create_app(
         if settings.audit_log is None:
             log.warning("audit log disabled (set CASE_ENV_AUDIT_LOG or --audit-log)")
         app.state.server = state
+        app.serving = state
         # what start-up built (modules, schemas, stores) lives as long as the worker: keep it out of the
         # collector's full passes, which otherwise walk it again and again under load
         gc.collect()
@@ -173,23 +176,24 @@ def create_app(
         try:
             yield
         finally:
+            app.serving = None
             for task in state.tasks:
                 task.cancel()
             state.render_pool.shutdown(wait=False, cancel_futures=True)
             state.text_pool.shutdown(wait=False, cancel_futures=True)
             if state.preload_pool is not None:
                 state.preload_pool.shutdown(wait=False, cancel_futures=True)
+            state.metrics.publish()
             state.episodes.close()
             state.audit.close()
 
-    app = FastAPI(
+    app = ToolServer(
         title="case-env",
         version=__version__,
         description=DESCRIPTION,
         lifespan=lifespan,
         **_telemetry(settings),
     )
-    app.add_middleware(ToolCallFastPath)  # inside the body limit (the last added is the outermost)
     app.add_middleware(
         BodyLimit, max_bytes=settings.max_body_bytes, per_path={"/v1/score": settings.max_score_body_bytes}
     )
@@ -240,4 +244,4 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception):
         log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return error_response(ErrorCode.INTERNAL, "internal error; the failure was logged", status=500)
+        return error_response(ErrorCode.INTERNAL, INTERNAL_MESSAGE, status=500)

@@ -210,7 +210,12 @@ class EpisodeStore:
         self.db.close()
 
 
+_ARGUMENTS_JSON = json.JSONEncoder(
+    default=str
+).encode  # one encoder: json.dumps with options builds one each call
+
+
 def _row(episode_id: str, seq: int, call: Call, now: float) -> tuple:
-    arguments = json.dumps(call.arguments, default=str)
+    arguments = _ARGUMENTS_JSON(call.arguments)
     latency = round(call.latency_ms, 3)
     return (episode_id, seq, now, call.tool, arguments, call.status, call.http_status, latency, call.digest)

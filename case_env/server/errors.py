@@ -29,6 +29,9 @@ BAD_BODY = {
 }
 
 
+INTERNAL_MESSAGE = "internal error; the failure was logged"
+
+
 def status_of(code: ErrorCode) -> int:
     return HTTP_STATUS.get(code, 200)
 

@@ -1,87 +1,118 @@
-"""The fast path of `POST /v1/tools/{name}`: a well-formed, authorised tool call answered without FastAPI's
-routing, dependency solving and request objects, which cost more CPU per cheap call than the call itself
-(docs/architecture.md, "The path of one tool call").
+"""The fast path of `POST /v1/tools/{name}`: a well-formed, authorised tool call answered in front of
+FastAPI's middleware stack, routing, dependency solving and request objects, which together cost more CPU
+per cheap call than the call itself (docs/architecture.md, "The path of one tool call").
 
-It is an ASGI middleware inside the body limit. It takes a request only when everything FastAPI would
-check holds: the path names a tool (64 characters at most), the method is POST, the body is JSON that
-validates as `ToolCallRequest`, and the bearer token matches when one is set. Then it answers with the same
-function as the route (`routes.tools.answer`: admission, scope, cache, deadline, metrics, audit, episode),
-so the answer is byte for byte the route's. Anything else (a bad token, a malformed body, another route)
-goes on to FastAPI untouched, which answers as it always has: refusals keep one implementation, and the
-route stays in /openapi.json as the documented contract.
+`ToolServer.__call__` (the app's ASGI entry) hands every tool call here first. The fast path takes a
+request only when everything the full stack would check holds: the path names a tool (64 characters at
+most), a Content-Length within the body limit (uvicorn delivers exactly that many bytes), a JSON content
+type, the bearer token when one is set, and a body that validates as `ToolCallRequest`. Then it answers
+with the same function as the route (`routes.tools.answer`: admission, scope, cache, deadline, metrics,
+audit, episode), so the answer is byte for byte the route's. Anything else (a bad token, a chunked or
+oversized body, a malformed one, another route, any call while FastAPI's telemetry is on) goes on to the full stack untouched, body included, which
+answers as it always has: refusals keep one implementation, and the route stays in /openapi.json as the
+documented contract. An unexpected failure answers the JSON 500 the stack's handler gives, never a trace.
 """
 
 from __future__ import annotations
 
-from pydantic import ValidationError
-from starlette.types import ASGIApp, Receive, Scope, Send
+import logging
 
+from fastapi import FastAPI
+from pydantic import ValidationError
+from starlette.types import Receive, Scope, Send
+
+from case_env.core.tools import ErrorCode
 from case_env.server.auth import presented_matches
+from case_env.server.errors import INTERNAL_MESSAGE, error_response
 from case_env.server.limits import replaying
 from case_env.server.models import ToolCallRequest
 from case_env.server.routes.tools import answer
+from case_env.server.state import ServerState
+
+log = logging.getLogger("case_env.server")
 
 PREFIX = "/v1/tools/"
 MAX_NAME = 64
 _JSON_TYPES = (b"application/json",)
+_INTERNAL = error_response(ErrorCode.INTERNAL, INTERNAL_MESSAGE, status=500).body
 
 
-class ToolCallFastPath:
-    def __init__(self, app: ASGIApp):
-        self.app = app
+class ToolServer(FastAPI):
+    """FastAPI with the tool-call fast path in front of its middleware stack."""
+
+    # the lifespan's state, set while the app serves: read here without Starlette's `State` lookup
+    serving: ServerState | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path = scope.get("path", "")
-        if scope["type"] != "http" or scope["method"] != "POST" or not path.startswith(PREFIX):
-            await self.app(scope, receive, send)
-            return
-        name = path[len(PREFIX) :]
-        headers = dict(scope["headers"])
-        state = scope["app"].state.server
-        if not _plain_name(name) or not _json(headers) or not _authorised(headers, state):
-            await self.app(scope, receive, send)
-            return
-        body, receive = await _read(receive)
+        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"].startswith(PREFIX):
+            receive = await self._fast(scope, receive, send)
+            if receive is None:
+                return
+        await super().__call__(scope, receive, send)
+
+    async def _fast(self, scope: Scope, receive: Receive, send: Send) -> Receive | None:
+        """Answer the call and return None, or return the receive the full stack reads the body from."""
+        name = scope["path"][len(PREFIX) :]
+        state = self.serving  # None until the lifespan has opened the stores
+        if state is None or state.settings.otel:  # FastAPI's telemetry traces calls in the full stack
+            return receive
+        kind = length = authorization = None
+        for header, value in scope["headers"]:  # uvicorn gives names in lower case
+            if header == b"content-type":
+                kind = value
+            elif header == b"content-length":
+                length = value
+            elif header == b"authorization":
+                authorization = value
+        if not _plain_name(name) or not _json(kind) or not _authorised(authorization, state):
+            return receive
+        if length is None or not length.isdigit() or int(length) > state.settings.max_body_bytes:
+            return receive  # chunked or too large: the body limit decides
+        body = await _read(receive)
+        if body is None:
+            return None  # the client went away before sending its body
         try:
             call = ToolCallRequest.model_validate_json(body)
         except ValidationError:
-            await self.app(scope, receive, send)  # FastAPI says what is wrong, as it always has
-            return
-        status, extra, payload = await answer(state, name, call)
-        response = [(b"content-length", str(len(payload)).encode()), (b"content-type", b"application/json")]
-        response += [(k.lower().encode(), v.encode()) for k, v in extra.items()]
+            return replaying(body, receive)  # FastAPI says what is wrong, as it always has
+        try:
+            status, extra, payload = await answer(state, name, call)
+        except Exception:
+            log.exception("unhandled error on POST %s", scope["path"])
+            status, extra, payload = 500, {}, _INTERNAL
+        response = [(b"content-length", b"%d" % len(payload)), (b"content-type", b"application/json")]
+        if extra:
+            response += [(k.lower().encode(), v.encode()) for k, v in extra.items()]
         await send({"type": "http.response.start", "status": status, "headers": response})
         await send({"type": "http.response.body", "body": payload})
+        return None
 
 
 def _plain_name(name: str) -> bool:
     return 0 < len(name) <= MAX_NAME and "/" not in name
 
 
-def _json(headers: dict[bytes, bytes]) -> bool:
-    kind = headers.get(b"content-type")
+def _json(kind: bytes | None) -> bool:
     return kind is not None and kind.split(b";", 1)[0].strip().lower() in _JSON_TYPES
 
 
-def _authorised(headers: dict[bytes, bytes], state) -> bool:
+def _authorised(authorization: bytes | None, state) -> bool:
     token = state.settings.token
     if token is None:
         return True
-    scheme, _, presented = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
+    scheme, _, presented = (authorization or b"").decode("latin-1").partition(" ")
     if scheme.lower() != "bearer":
         return False
     return presented_matches(presented, token.get_secret_value())
 
 
-async def _read(receive: Receive) -> tuple[bytes, Receive]:
-    """The whole body (the body limit outside has bounded it), and a receive that hands it on again."""
+async def _read(receive: Receive) -> bytes | None:
+    """The whole body (its Content-Length is within the limit); None when the client disconnected first."""
     chunks = []
     while True:
         message = await receive()
         if message["type"] != "http.request":
-            return b"", receive
+            return None
         chunks.append(message.get("body", b""))
         if not message.get("more_body", False):
-            break
-    body = b"".join(chunks)
-    return body, replaying(body, receive)
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)

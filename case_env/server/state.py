@@ -60,7 +60,10 @@ class ServerState:
         if self.replay:
             env = self.replay.patients.get(patient_id)
             return env if env in self.environments else None
-        return next((name for name, store in self.stores.items() if patient_id in store), None)
+        for name, store in self.stores.items():  # a loop, not next(generator): this runs on every call
+            if patient_id in store:
+                return name
+        return None
 
     def fingerprint(self, env: str, patient_id: str) -> tuple:
         """What the response cache keys a case's answers under (its files' stats, or nothing for cases

@@ -18,6 +18,7 @@ DESCRIPTION = (
 )
 PERSONAS = IMAGING_PERSONAS
 INLINE = True  # the scanned index, in memory: microseconds, served on the event loop
+_STATIONS = "; ".join(f"{i} {name}" for i, name in enumerate(STATION_NAMES, start=1))
 
 
 class Args(BaseModel):
@@ -35,6 +36,5 @@ def run(ctx: ImagingContext, args: Args) -> ToolResult:
         line += f"; sequences: {sequences}; organ segmentation: {'yes' if vf.organs else 'no'}"
         line += f"; radiology report: {'yes' if vf.report_md or vf.report_json else 'no'}."
         lines.append(line)
-    stations = "; ".join(f"{i} {name}" for i, name in enumerate(STATION_NAMES, start=1))
-    lines.append(f"Each scan covers six stations, neck to knee: {stations}.")
+    lines.append(f"Each scan covers six stations, neck to knee: {_STATIONS}.")
     return ToolResult("\n".join(lines))

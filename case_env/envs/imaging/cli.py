@@ -187,7 +187,8 @@ def _register_bench(bench: typer.Typer) -> None:
             typer.echo(
                 f"\n{engine}: {run['calls_per_s']} calls/s, {rollouts} rollouts, {workers} worker(s), "
                 f"server CPU {run['server_cpu_cores']} cores ({run['server_cpu_ms_per_call']} ms per call), "
-                f"peak RSS {run['server_peak_rss_mb']} MB, errors {run['errors'] or 'none'}"
+                f"peak RSS {run['server_peak_rss_mb']} MB, errors {run['errors'] or 'none'}, "
+                f"load generator CPU {run['load_cpu_ms_per_call']} ms per call"
                 + (
                     f", response cache answered {run['response_cache_hit_rate']:.0%}"
                     if run.get("response_cache_hit_rate") is not None

@@ -3,6 +3,7 @@ questions for three personas, a letter reward."""
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
@@ -95,9 +96,7 @@ class ImagingEnvironment(Environment):
         return ImagingStore(patients, (self.imaging_class or Imaging)(patients, data.image_max_side))
 
     def tool_context(self, store, patient_id, episode):
-        from case_env.envs.imaging.context import ImagingContext
-
-        return ImagingContext(store, patient_id, episode)
+        return _context_class()(store, patient_id, episode)
 
     # -- banks and rewards ------------------------------------------------------------------------------
     def build_bank(self, options: BankOptions) -> BankBuild:
@@ -310,3 +309,12 @@ class ImagingEnvironment(Environment):
         from case_env.envs.imaging.cli import register
 
         register(groups)
+
+
+@functools.cache
+def _context_class() -> type:
+    """ImagingContext, imported on first use (it pulls in the renderer) and once: an import statement in
+    `tool_context` cost 2 % of a cheap call (issue 19 profile)."""
+    from case_env.envs.imaging.context import ImagingContext
+
+    return ImagingContext

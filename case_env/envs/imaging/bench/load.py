@@ -5,8 +5,9 @@ a comparison, a report) over a random patient with a fresh episode id, as a verl
 `--group-size G`, rollouts come in groups of G that share the patient and every drawn argument, as G samples
 of one GRPO prompt would if they agreed on every call (real groups diverge, so the truth lies between group
 size 1 and G); all rollouts
-run concurrently on one event loop over aiohttp, whose client costs a fraction of httpx's per request, so
-the generator stays light on a machine it shares with the server. Latencies are wall time per call as the
+run concurrently on one event loop, each over its own keep-alive connection (`case_env.bench.client`,
+which costs a fraction of aiohttp's CPU per call), so the generator stays light on a machine it shares
+with the server; it reports the CPU it used per call beside the figures. Latencies are wall time per call as the
 client sees it, queueing included.
 
 `--mix cheap` plays `list_visits` only, the cheapest call, to measure the framework's cost per call rather
@@ -28,7 +29,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-import aiohttp
+from case_env.bench.client import Client, ProtocolError
 
 ORGANS = ("liver", "spleen", "pancreas", "left_kidney", "right_kidney", "gallbladder")
 SEQUENCES = ("water", "fat", "in", "opp")
@@ -124,8 +125,7 @@ class Tally:
 
 
 async def _rollout(
-    session: aiohttp.ClientSession,
-    url: str,
+    client: Client,
     patients: list[str],
     stop: float,
     rng: random.Random,
@@ -149,22 +149,21 @@ async def _rollout(
                 return
             body = {"episode_id": episode, "patient_id": patient, "arguments": arguments}
             if protocol == "openenv":
-                target, body = f"{url}/step", {"action": {"tool": tool, **body}}
+                target, body = "/step", {"action": {"tool": tool, **body}}
             else:
-                target = f"{url}/v1/tools/{tool}"
+                target = f"/v1/tools/{tool}"
             started = time.perf_counter()
             try:
-                async with session.post(target, json=body) as response:
-                    payload = await response.read()
-                    if response.status != 200:
-                        kind = f"http_{response.status}"
-                    elif b'"ok":true' not in payload:
-                        kind = f"tool_{_error_code(payload)}"
-                    else:
-                        kind = "ok"
-                        if record is not None and not (record / f"{tool}.json").exists():
-                            (record / f"{tool}.json").write_bytes(payload)
-            except (aiohttp.ClientError, TimeoutError) as exc:
+                status, payload = await client.post_json(target, body)
+                if status != 200:
+                    kind = f"http_{status}"
+                elif b'"ok":true' not in payload:
+                    kind = f"tool_{_error_code(payload)}"
+                else:
+                    kind = "ok"
+                    if record is not None and not (record / f"{tool}.json").exists():
+                        (record / f"{tool}.json").write_bytes(payload)
+            except (OSError, TimeoutError, ProtocolError) as exc:
                 kind = type(exc).__name__
             elapsed = time.perf_counter() - started
             if kind == "ok":
@@ -196,41 +195,44 @@ async def run_load(
     plan = PLANS[mix]
     if record is not None:
         record.mkdir(parents=True, exist_ok=True)
-    connector = aiohttp.TCPConnector(limit=rollouts, limit_per_host=rollouts)
-    timeout = aiohttp.ClientTimeout(total=60)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        master = random.Random(seed)
+    clients = [Client(url, timeout_s=60.0) for _ in range(rollouts)]  # kept from the warm-up on
+    master = random.Random(seed)
 
-        async def phase(seconds: float, tally: Tally, limit: int | None) -> None:
-            """Every rollout until `seconds` pass; the members of a group share one seed."""
-            stop = time.perf_counter() + seconds
-            seeds = [master.random() for _ in range(-(-rollouts // group_size))]
-            await asyncio.gather(
-                *[
-                    _rollout(
-                        session,
-                        url,
-                        patients,
-                        stop,
-                        random.Random(seeds[n // group_size]),
-                        tally,
-                        think_s,
-                        limit,
-                        member=n % group_size,
-                        plan=plan,
-                        protocol=protocol,
-                        record=record,
-                    )
-                    for n in range(rollouts)
-                ]
-            )
+    async def phase(seconds: float, tally: Tally, limit: int | None) -> None:
+        """Every rollout until `seconds` pass; the members of a group share one seed."""
+        stop = time.perf_counter() + seconds
+        seeds = [master.random() for _ in range(-(-rollouts // group_size))]
+        await asyncio.gather(
+            *[
+                _rollout(
+                    clients[n],
+                    patients,
+                    stop,
+                    random.Random(seeds[n // group_size]),
+                    tally,
+                    think_s,
+                    limit,
+                    member=n % group_size,
+                    plan=plan,
+                    protocol=protocol,
+                    record=record,
+                )
+                for n in range(rollouts)
+            ]
+        )
 
+    try:
         await phase(warmup, Tally(), None)
         tally = Tally()
-        began, started = time.time(), time.perf_counter()
+        began, started, cpu = time.time(), time.perf_counter(), time.process_time()
         await phase(duration, tally, episodes)
-        elapsed = time.perf_counter() - started
-    return {**summarise(tally, rollouts, elapsed), "window": [began, began + elapsed]}
+        elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
+    finally:
+        for client in clients:
+            client.close()
+    result = summarise(tally, rollouts, elapsed)
+    result["load_cpu_ms_per_call"] = round(1000 * cpu / max(result["calls"], 1), 3)
+    return {**result, "window": [began, began + elapsed]}
 
 
 def summarise(tally: Tally, rollouts: int, elapsed: float) -> dict:
