@@ -242,12 +242,44 @@ def test_published_metrics_equal_one_observation_per_call(monkeypatch):
 
     def exposition(metrics: Metrics) -> dict[str, float]:
         lines = metrics.render().decode().splitlines()
-        samples = [line.rpartition(" ") for line in lines if not line.startswith("#") and "_created" not in line]
+        samples = [
+            line.rpartition(" ") for line in lines if not line.startswith("#") and "_created" not in line
+        ]
         return {series: float(value) for series, _, value in samples}
 
     # counts exactly; sums to rounding, since a batch adds its total where single calls add one by one
     assert exposition(batched) == pytest.approx(exposition(single), rel=1e-12)
     assert exposition(batched)['case_env_tool_latency_seconds_bucket{le="0.005",tool="render_slice"}'] == 4.0
+
+
+@pytest.mark.parametrize("images", [1, 2])
+def test_images_spliced_into_the_answer_are_the_serialisers_json(images):
+    """Answers carry their images' base64 spliced in after serialisation; the bytes must be what pydantic
+    gives for the whole answer, even when the text spells the empty image field itself."""
+    import base64
+    import os
+
+    from case_env.core.tools import ToolImage
+    from case_env.server.models import ToolCallResponse
+    from case_env.server.routes.tools import _RESPONSE_JSON, _success, _with_images
+
+    text = 'Axial image. "data_b64":"" and {"data_b64":""} in a text, é, \\ and a tab\t.'
+    pngs = [os.urandom(3000 + 7 * n) for n in range(images)]
+    outcome = _success(ToolResult(text, tuple(ToolImage(png, 448, 348) for png in pngs)))
+    fields = dict(ok=True, tool="render_slice", episode_id="e1", text=text, error=None, latency_ms=1.5)
+    spliced = _with_images(_RESPONSE_JSON(ToolCallResponse(images=outcome.images, **fields)), outcome.encoded)
+    whole = ToolCallResponse.model_validate(
+        {
+            **fields,
+            "images": [
+                {**i.model_dump(), "data_b64": base64.b64encode(p).decode()}
+                for i, p in zip(outcome.images, pngs, strict=True)
+            ],
+        }
+    )
+    assert spliced == whole.model_dump_json().encode()
+    assert [base64.b64decode(i["data_b64"]) for i in json.loads(spliced)["images"]] == pngs
+    assert outcome.nbytes == len(text) + sum(len(base64.b64encode(p)) for p in pngs)
 
 
 def test_openapi_is_valid_and_complete(server):

@@ -47,6 +47,12 @@ class Volume:
     def spacing(self) -> tuple[float, float, float]:
         return tuple(float(v) for v in np.linalg.norm(self.affine[:3, :3], axis=0))  # type: ignore[return-value]
 
+    @functools.cached_property
+    def axes(self) -> tuple[tuple[float, float], tuple[float, float], tuple[float, float]]:
+        """(scale, offset) of each voxel axis along its world axis, as Python floats: positions are
+        computed on every render, and numpy scalar arithmetic on the affine cost more than they do."""
+        return tuple((float(self.affine[a, a]), float(self.affine[a, 3])) for a in range(3))  # type: ignore[return-value]
+
     @property
     def voxel_ml(self) -> float:
         return abs(float(np.linalg.det(self.affine[:3, :3]))) / 1000.0

@@ -73,11 +73,13 @@ class _Memo:
 
 
 def _world_along(volume: Volume, axis: int, index: float) -> float:
-    return float(volume.affine[axis, axis] * index + volume.affine[axis, 3])
+    scale, offset = volume.axes[axis]
+    return scale * index + offset
 
 
 def _index_at(volume: Volume, axis: int, mm: float) -> int:
-    return round((mm - volume.affine[axis, 3]) / volume.affine[axis, axis])
+    scale, offset = volume.axes[axis]
+    return round((mm - offset) / scale)
 
 
 class Imaging:
