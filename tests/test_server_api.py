@@ -436,6 +436,51 @@ def test_a_slow_call_hits_the_deadline(dataset, tmp_path):
         )
 
 
+def test_the_fast_path_and_the_full_stack_answer_alike(dataset, tmp_path, monkeypatch):
+    """A call with a Content-Length is answered in front of FastAPI; the same call streamed (no Content-Length)
+    goes through the middleware stack and the route. Both give the same answer, and the same JSON 500 when
+    the answer itself fails."""
+
+    def streamed(url: str, tool: str, body: dict) -> httpx.Response:
+        return httpx.post(
+            f"{url}/v1/tools/{tool}",
+            content=iter([json.dumps(body).encode()]),
+            headers={"content-type": "application/json"},
+            timeout=30,
+        )
+
+    body = {"episode_id": "twin", "patient_id": "case0002", "arguments": {"section": "history"}}
+    with live_server(dataset, tmp_path) as live:
+        fast = httpx.post(f"{live.url}/v1/tools/get_clinical_context", json=body, timeout=30)
+        full = streamed(live.url, "get_clinical_context", body)
+        assert fast.status_code == full.status_code == 200
+        assert "content-length" in fast.request.headers and "content-length" not in full.request.headers
+        drop = {"latency_ms"}
+        assert {k: v for k, v in fast.json().items() if k not in drop} == {
+            k: v for k, v in full.json().items() if k not in drop
+        }
+        assert httpx.get(f"{live.url}/v1/episodes/twin", timeout=10).json()["calls_total"] == 2
+
+        def broken(*args, **kwargs):
+            raise RuntimeError("metrics down")
+
+        monkeypatch.setattr(live.state.metrics, "observe", broken)
+        failed = [
+            httpx.post(f"{live.url}/v1/tools/list_visits", json=body, timeout=30),
+            streamed(live.url, "list_visits", body),
+        ]
+        assert [r.status_code for r in failed] == [500, 500]
+        assert (
+            failed[0].json()
+            == failed[1].json()
+            == {
+                "ok": False,
+                "error": {"code": "internal", "message": "internal error; the failure was logged"},
+            }
+        )
+        assert "Traceback" not in failed[0].text + failed[1].text
+
+
 def test_not_ready_without_patients(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
