@@ -210,9 +210,8 @@ class EpisodeStore:
         self.db.close()
 
 
-_ARGUMENTS_JSON = json.JSONEncoder(
-    default=str
-).encode  # one encoder: json.dumps with options builds one each call
+# one encoder for every row: json.dumps with options builds a new one on each call
+_ARGUMENTS_JSON = json.JSONEncoder(default=str).encode
 
 
 def _row(episode_id: str, seq: int, call: Call, now: float) -> tuple:

@@ -8,9 +8,10 @@ most), a Content-Length within the body limit (uvicorn delivers exactly that man
 type, the bearer token when one is set, and a body that validates as `ToolCallRequest`. Then it answers
 with the same function as the route (`routes.tools.answer`: admission, scope, cache, deadline, metrics,
 audit, episode), so the answer is byte for byte the route's. Anything else (a bad token, a chunked or
-oversized body, a malformed one, another route, any call while FastAPI's telemetry is on) goes on to the full stack untouched, body included, which
-answers as it always has: refusals keep one implementation, and the route stays in /openapi.json as the
-documented contract. An unexpected failure answers the JSON 500 the stack's handler gives, never a trace.
+oversized body, a malformed one, another route, any call while FastAPI's telemetry is on) goes on to the
+full stack untouched, body included, which answers as it always has: refusals keep one implementation, and
+the route stays in /openapi.json as the documented contract. An unexpected failure answers the JSON 500
+the stack's handler gives, never a trace.
 """
 
 from __future__ import annotations

@@ -4,11 +4,10 @@ Each virtual rollout plays one realistic episode after another (visits, context,
 a comparison, a report) over a random patient with a fresh episode id, as a verl rollout does. With
 `--group-size G`, rollouts come in groups of G that share the patient and every drawn argument, as G samples
 of one GRPO prompt would if they agreed on every call (real groups diverge, so the truth lies between group
-size 1 and G); all rollouts
-run concurrently on one event loop, each over its own keep-alive connection (`case_env.bench.client`,
-which costs a fraction of aiohttp's CPU per call), so the generator stays light on a machine it shares
-with the server; it reports the CPU it used per call beside the figures. Latencies are wall time per call as the
-client sees it, queueing included.
+size 1 and G). All rollouts run concurrently on one event loop, each over its own keep-alive connection
+(`case_env.bench.client`, a fraction of aiohttp's CPU per call), so the generator stays light on a machine
+it shares with the server; it reports the CPU it used per call beside the figures. Latencies are wall time
+per call as the client sees it, queueing included.
 
 `--mix cheap` plays `list_visits` only, the cheapest call, to measure the framework's cost per call rather
 than the tools'; `--mix render` plays `render_slice` only, to measure a render's. `--protocol openenv` speaks OpenEnv's (`POST /step` with the call as the action), so the
