@@ -252,34 +252,41 @@ def test_published_metrics_equal_one_observation_per_call(monkeypatch):
     assert exposition(batched)['case_env_tool_latency_seconds_bucket{le="0.005",tool="render_slice"}'] == 4.0
 
 
-@pytest.mark.parametrize("images", [1, 2])
-def test_images_spliced_into_the_answer_are_the_serialisers_json(images):
-    """Answers carry their images' base64 spliced in after serialisation; the bytes must be what pydantic
-    gives for the whole answer, even when the text spells the empty image field itself."""
+@pytest.mark.parametrize("images", [0, 1, 2])
+def test_answers_are_the_response_models_json(images):
+    """Answers are serialised from a dict and carry their images' base64 spliced in afterwards; the bytes
+    must be what pydantic gives for the whole `ToolCallResponse`, even when the text spells the empty image
+    field itself, and for a failure."""
     import base64
     import os
 
-    from case_env.core.tools import ToolImage
+    from case_env.core.tools import ErrorCode, ToolImage
     from case_env.server.models import ToolCallResponse
-    from case_env.server.routes.tools import _RESPONSE_JSON, _success, _with_images
+    from case_env.server.routes.tools import Outcome, _success, answer_json
 
     text = 'Axial image. "data_b64":"" and {"data_b64":""} in a text, é, \\ and a tab\t.'
     pngs = [os.urandom(3000 + 7 * n) for n in range(images)]
     outcome = _success(ToolResult(text, tuple(ToolImage(png, 448, 348) for png in pngs)))
-    fields = dict(ok=True, tool="render_slice", episode_id="e1", text=text, error=None, latency_ms=1.5)
-    spliced = _with_images(_RESPONSE_JSON(ToolCallResponse(images=outcome.images, **fields)), outcome.encoded)
-    whole = ToolCallResponse.model_validate(
-        {
-            **fields,
-            "images": [
-                {**i.model_dump(), "data_b64": base64.b64encode(p).decode()}
-                for i, p in zip(outcome.images, pngs, strict=True)
-            ],
-        }
+    spliced = answer_json(outcome, "render_slice", "e1", 1.2345)
+    whole = ToolCallResponse(
+        ok=True,
+        tool="render_slice",
+        episode_id="e1",
+        text=text,
+        images=[
+            {**i.model_dump(), "data_b64": base64.b64encode(p).decode()}
+            for i, p in zip(outcome.images, pngs, strict=True)
+        ],
+        latency_ms=1.23,
     )
     assert spliced == whole.model_dump_json().encode()
     assert [base64.b64decode(i["data_b64"]) for i in json.loads(spliced)["images"]] == pngs
     assert outcome.nbytes == len(text) + sum(len(base64.b64encode(p)) for p in pngs)
+    failed = Outcome.failure(ErrorCode.UNKNOWN_VISIT, "visit 'x' does not exist; valid visits: baseline")
+    refused = ToolCallResponse(
+        ok=False, tool="list_visits", episode_id="e2", text=failed.text, error=failed.error, latency_ms=0.5
+    )
+    assert answer_json(failed, "list_visits", "e2", 0.5) == refused.model_dump_json().encode()
 
 
 def test_openapi_is_valid_and_complete(server):
