@@ -25,7 +25,7 @@ from starlette.types import Receive, Scope, Send
 from case_env.core.tools import ErrorCode
 from case_env.server.auth import presented_matches
 from case_env.server.errors import INTERNAL_MESSAGE, error_response
-from case_env.server.limits import replaying
+from case_env.server.limits import read_body, replaying
 from case_env.server.models import ToolCallRequest
 from case_env.server.routes.tools import answer
 from case_env.server.state import ServerState
@@ -67,9 +67,11 @@ class ToolServer(FastAPI):
                 authorization = value
         if not _plain_name(name) or not _json(kind) or not _authorised(authorization, state):
             return receive
-        if length is None or not length.isdigit() or int(length) > state.settings.max_body_bytes:
+        limit = state.settings.max_body_bytes
+        if length is None or not length.isdigit() or int(length) > limit:
             return receive  # chunked or too large: the body limit decides
-        body = await _read(receive)
+        # uvicorn delivers no more than the Content-Length, so the limit cannot be passed here
+        body = await read_body(receive, limit)
         if body is None:
             return None  # the client went away before sending its body
         try:
@@ -105,15 +107,3 @@ def _authorised(authorization: bytes | None, state) -> bool:
     if scheme.lower() != "bearer":
         return False
     return presented_matches(presented, token.get_secret_value())
-
-
-async def _read(receive: Receive) -> bytes | None:
-    """The whole body (its Content-Length is within the limit); None when the client disconnected first."""
-    chunks = []
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            return None
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body", False):
-            return chunks[0] if len(chunks) == 1 else b"".join(chunks)

@@ -34,19 +34,34 @@ class BodyLimit:
             return
         # Read the whole body here (it is small by definition) so an oversized stream without Content-Length
         # is refused before the app sees any of it; the app then reads the buffered body.
-        chunks, seen = [], 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                return  # the client went away
-            chunks.append(message.get("body", b""))
-            seen += len(chunks[-1])
-            if seen > limit:
-                await _refuse(scope, send)
-                return
-            if not message.get("more_body", False):
-                break
-        await self.app(scope, replaying(b"".join(chunks), receive), send)
+        try:
+            body = await read_body(receive, limit)
+        except BodyTooLargeError:
+            await _refuse(scope, send)
+            return
+        if body is None:
+            return  # the client went away
+        await self.app(scope, replaying(body, receive), send)
+
+
+class BodyTooLargeError(Exception):
+    """The body went past the limit while it was read."""
+
+
+async def read_body(receive: Receive, limit: int) -> bytes | None:
+    """The whole request body, or None when the client went away first; BodyTooLargeError as soon as more
+    than `limit` bytes have arrived."""
+    chunks, seen = [], 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return None
+        chunks.append(message.get("body", b""))
+        seen += len(chunks[-1])
+        if seen > limit:
+            raise BodyTooLargeError
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def replaying(body: bytes, receive: Receive) -> Receive:
