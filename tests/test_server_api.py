@@ -558,35 +558,49 @@ def test_episode_memory_is_bounded(tmp_path):
     store = EpisodeStore(None, idle_s=100.0, max_episodes=3, max_calls=4)
     for n in range(6):
         store.bind(f"e{n}", "case0001", now=1000.0 + n)
+    assert store.live() == 3  # over the cap at each new binding: the least recently seen went
+    assert [store.get(f"e{n}") is None for n in range(6)] == [True] * 3 + [False] * 3
     for n in range(10):
-        store.record("e5", Call("list_visits", {"n": n}, "ok", 200, 1.0, None), now=1006.0 + n / 10)
-    assert store.sweep(now=1010.0) == 3 and store.live() == 3  # over the cap: the least recent go
-    assert store.get("e0") is None and store.get("e5") is not None
+        store.record(
+            "e5", "case0001", Call("list_visits", {"n": n}, "ok", 200, 1.0, None), now=1006.0 + n / 10
+        )
+    store.bind("e6", "case0002", now=1007.0)
+    assert store.get("e3") is None and store.get("e5") is not None  # e5 was seen last, e3 least recently
     kept = store.get("e5")
     assert kept["calls_total"] == 10 and [c["arguments"]["n"] for c in kept["calls"]] == [6, 7, 8, 9]
+    assert kept["last_seen"] == 1006.9 and kept["created"] == 1005.0
+    assert store.sweep(now=1010.0) == 0 and store.live() == 3
     assert store.sweep(now=1200.0) == 3 and store.live() == 0  # idle past 100 s
+    assert store.db.execute("SELECT COUNT(*) FROM episodes").fetchone()[0] == 0
+    assert store.db.execute("SELECT COUNT(*) FROM call_batches").fetchone()[0] == 0
 
 
 def test_one_flush_counts_hundreds_of_episodes_in_order(tmp_path):
     """A flush adds every episode's calls to its counter in a few statements (300 episodes each), numbers
-    each episode's calls on from where they were, trims to the cap and skips episodes swept meanwhile."""
-    store = EpisodeStore(tmp_path / "episodes.sqlite", idle_s=100.0, max_episodes=1000, max_calls=4)
+    each episode's calls on from where they were, trims to the cap and drops the calls of an episode
+    another worker swept meanwhile."""
+    path = tmp_path / "episodes.sqlite"
+    store = EpisodeStore(path, idle_s=100.0, max_episodes=1000, max_calls=4)
+    other = EpisodeStore(path, idle_s=100.0, max_episodes=1000, max_calls=4)  # a second worker
     episodes = [f"e{n}" for n in range(700)]  # three statements: 300, 300 and 100 episodes
     for e in episodes:
-        store.bind(e, "case0001", now=1000.0)
+        store.bind(e, "case0001", now=900.0 if e == "e3" else 1000.0)
     for round_ in range(3):
         for i, e in enumerate(episodes):
             for k in range(1 + i % 2):  # odd episodes get two calls a round
-                store.record(e, Call("list_visits", {"r": round_, "k": k}, "ok", 200, 1.0, None), now=1001.0)
-        store.db.execute("DELETE FROM episodes WHERE id = 'e3'")  # swept by another worker meanwhile
+                call = Call("list_visits", {"r": round_, "k": k}, "ok", 200, 1.0, None)
+                store.record(e, "case0001", call, now=900.5 if e == "e3" else 1001.0)
+        if round_ == 1:
+            assert other.sweep(now=1050.0) == 1  # e3 was last seen at 900.5, the others at 1001
         store.flush()
-    assert store.get("e3") is None
+    assert store.get("e3") is None and other.get("e3") is None
     even, odd = store.get("e0"), store.get("e699")
     assert even["calls_total"] == 3 and [c["seq"] for c in even["calls"]] == [1, 2, 3]
     assert odd["calls_total"] == 6 and [c["seq"] for c in odd["calls"]] == [3, 4, 5, 6]  # the cap keeps 4
     assert [c["arguments"] for c in odd["calls"]][-2:] == [{"r": 2, "k": 0}, {"r": 2, "k": 1}]
-    assert store.get("e350")["last_seen"] == 1001.0
+    assert store.get("e350")["last_seen"] == 1001.0 and other.get("e350")["calls_total"] == 3
     store.close()
+    other.close()
 
 
 def test_fastapis_own_telemetry_is_off_unless_asked_for(monkeypatch):

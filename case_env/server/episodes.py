@@ -1,14 +1,20 @@
 """Episodes: which patient each trajectory is bound to, and its recent calls.
 
-Kept in SQLite so that every worker of a multi-worker server sees the same bindings: a trajectory whose
-calls land on different workers is still held to one patient. Bounded three ways: idle episodes expire,
-the number of episodes is capped (least recently seen go first) and each episode keeps only its most
-recent calls. The episode log is an index for inspection; the audit log is the durable record, so the
-database runs without fsync, and calls are written in batches (`flush`, every few milliseconds and before
-any read) rather than one transaction per call.
+Every worker of a multi-worker server must agree on an episode's patient from its first call on: a
+trajectory whose calls land on different workers is still held to one patient. The bindings live in a
+table the workers share in memory (`bindings.py`), which also decides which episodes are live: idle
+episodes expire and the number of episodes is capped (least recently seen go first).
+
+The calls of each episode, its most recent ones only, are kept in SQLite, shared by the workers too: an
+index for inspection (the audit log is the durable record), so the database runs without fsync. Calls are
+written in batches (`flush`, every quarter second and before any read) rather than one transaction per
+call, and each episode's calls of one flush go into one row (`call_batches`, the calls as a JSON array):
+a row per call, indexed by its episode's text id, cost 12-15 µs of B-tree work each, a tenth of a cheap
+call's server CPU (issue 19 measurement), where a row per episode and flush, keyed by the episode's
+integer key, costs a few.
 
 A binding never changes while its episode lives, so each worker remembers the bindings it has seen and
-asks the database only about new episodes; a remembered binding is dropped when its episode could have
+asks the table only about new episodes; a remembered binding is dropped when its episode could have
 expired, so a swept episode id is never held to its old patient.
 """
 
@@ -23,18 +29,23 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import NamedTuple
 
+import pydantic_core
+
+from case_env.server.bindings import Bindings
+
+_LAYOUT = 2  # PRAGMA user_version of this layout; a database of another is laid out anew
 _SCHEMA = """
-CREATE TABLE IF NOT EXISTS episodes (
-    id TEXT PRIMARY KEY, patient_id TEXT NOT NULL, created REAL NOT NULL, last_seen REAL NOT NULL,
-    calls INTEGER NOT NULL DEFAULT 0);
-CREATE INDEX IF NOT EXISTS episodes_last_seen ON episodes(last_seen);
-CREATE TABLE IF NOT EXISTS calls (
-    episode_id TEXT NOT NULL, seq INTEGER NOT NULL, time REAL NOT NULL, tool TEXT NOT NULL,
-    arguments TEXT NOT NULL, status TEXT NOT NULL, http_status INTEGER NOT NULL, latency_ms REAL NOT NULL,
-    digest TEXT, PRIMARY KEY (episode_id, seq));
+DROP TABLE IF EXISTS calls;
+DROP TABLE IF EXISTS call_batches;
+DROP TABLE IF EXISTS episodes;
+CREATE TABLE episodes (
+    key INTEGER PRIMARY KEY, id TEXT NOT NULL UNIQUE, patient_id TEXT NOT NULL, created REAL NOT NULL,
+    last_seen REAL NOT NULL, calls INTEGER NOT NULL DEFAULT 0);
+CREATE TABLE call_batches (
+    episode INTEGER NOT NULL, last_seq INTEGER NOT NULL, calls TEXT NOT NULL, PRIMARY KEY (episode, last_seq));
 """
 
-_EPISODES_PER_UPDATE = 300  # 900 parameters a statement: below the 999 that SQLite before 3.32 allows
+_EPISODES_PER_UPDATE = 150  # 750 parameters a statement: below the 999 that SQLite before 3.32 allows
 
 
 class Call(NamedTuple):  # a tuple, not a frozen dataclass, whose __init__ cost 2 % of a cheap call
@@ -60,20 +71,34 @@ class EpisodeStore:
             target, uri = str(path), False
         self.db = sqlite3.connect(target, uri=uri, isolation_level=None, timeout=10.0)
         self._prepare(wal=path is not None)
+        self.bindings = Bindings(
+            None if path is None else path.with_name(path.name + "-bindings"), max_episodes
+        )
         self._known: OrderedDict[str, tuple[str, float]] = OrderedDict()  # episode -> (patient, bound at)
-        self._pending: list[tuple[str, Call, float]] = []
+        self._pending: list[tuple[str, str, Call | None, float]] = []  # (episode, patient, call, time)
 
     def _prepare(self, wal: bool, patience_s: float = 30.0) -> None:
-        """Journal mode and schema. Workers starting together race for the new file, and SQLite answers
+        """Journal mode and layout. Workers starting together race for the new file, and SQLite answers
         "database is locked" to a journal-mode switch at once, without waiting out its busy timeout; so
-        retry with jitter."""
+        retry with jitter. A database of an older layout is laid out anew (its log is an index, not the
+        record)."""
         deadline = time.monotonic() + patience_s
         while True:
             try:
                 if wal:
                     self.db.execute("PRAGMA journal_mode=WAL")
                 self.db.execute("PRAGMA synchronous=OFF")
-                self.db.executescript(_SCHEMA)
+                self.db.execute("BEGIN IMMEDIATE")  # one worker lays the file out, the others see it done
+                try:
+                    if self.db.execute("PRAGMA user_version").fetchone()[0] != _LAYOUT:
+                        for statement in _SCHEMA.split(";"):
+                            if statement.strip():
+                                self.db.execute(statement)
+                        self.db.execute(f"PRAGMA user_version = {_LAYOUT}")
+                    self.db.execute("COMMIT")
+                except BaseException:
+                    self.db.execute("ROLLBACK")
+                    raise
                 return
             except sqlite3.OperationalError as exc:
                 if "locked" not in str(exc) or time.monotonic() > deadline:
@@ -88,93 +113,101 @@ class EpisodeStore:
         if known is not None and now - known[1] < self.idle_s / 2:
             self._known.move_to_end(episode_id)
             return known[0]
-        row = self.db.execute(
-            "INSERT INTO episodes (id, patient_id, created, last_seen) VALUES (?, ?, ?, ?) "
-            "ON CONFLICT(id) DO UPDATE SET last_seen = excluded.last_seen RETURNING patient_id",
-            (episode_id, patient_id, now, now),
-        ).fetchone()
-        self._known[episode_id] = (row[0], now)
+        bound, new = self.bindings.claim(episode_id, patient_id, now)
+        if new:  # the log gets the episode at the next flush, with or without calls
+            self._pending.append((episode_id, bound, None, now))
+        self._known[episode_id] = (bound, now)
         self._known.move_to_end(episode_id)
         while len(self._known) > self.max_episodes:
             self._known.popitem(last=False)
-        return row[0]
+        return bound
 
-    def record(self, episode_id: str, call: Call, now: float | None = None) -> None:
-        """Queue a call for the episode's log; `flush` writes the queue."""
-        self._pending.append((episode_id, call, time.time() if now is None else now))
+    def record(self, episode_id: str, patient_id: str, call: Call, now: float | None = None) -> None:
+        """Queue a call of an episode bound to `patient_id` for its log; `flush` writes the queue."""
+        self._pending.append((episode_id, patient_id, call, time.time() if now is None else now))
 
     def flush(self) -> int:
-        """Write queued calls in one transaction: the episodes' counters in a statement per few hundred
-        episodes (`_count`), the rows in one batch; returns how many were written."""
+        """Write queued calls in one transaction: the episodes (created, or their counters added to) in a
+        statement per few hundred episodes (`_count`), then one row per episode holding its new calls;
+        returns how many calls were written. Calls of an episode dropped meanwhile (expired or over the
+        cap, perhaps by another worker) are dropped with it."""
         pending, self._pending = self._pending, []
         if not pending:
             return 0
-        by_episode: dict[str, list[tuple[Call, float]]] = {}
-        for episode_id, call, now in pending:
-            by_episode.setdefault(episode_id, []).append((call, now))
+        by_episode: dict[str, _Batch] = {}
+        for episode_id, patient_id, call, now in pending:
+            batch = by_episode.get(episode_id)
+            if batch is None:
+                batch = by_episode[episode_id] = _Batch(patient_id, now)
+            if call is not None:
+                batch.calls.append(call)
+                batch.times.append(now)
+            batch.seen = now
+        live = self.bindings.touch({episode_id: batch.seen for episode_id, batch in by_episode.items()})
+        batches = {episode_id: batch for episode_id, batch in by_episode.items() if episode_id in live}
+        written = 0
         self.db.execute("BEGIN IMMEDIATE")
         try:
             rows, trimmed = [], []
-            for total, episode_id in self._count(by_episode):  # episodes swept meanwhile are not returned
-                calls = by_episode[episode_id]
-                first = total - len(calls) + 1
-                rows += [_row(episode_id, first + i, call, now) for i, (call, now) in enumerate(calls)]
+            for total, key, episode_id in self._count(batches):
+                batch = batches[episode_id]
+                if batch.calls:
+                    rows.append((key, total, _calls_json(batch)))
+                    written += len(batch.calls)
                 if total > self.max_calls:
-                    trimmed.append((episode_id, total - self.max_calls))
-            self.db.executemany("INSERT INTO calls VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
-            self.db.executemany("DELETE FROM calls WHERE episode_id = ? AND seq <= ?", trimmed)
+                    trimmed.append((key, total - self.max_calls))
+            self.db.executemany("INSERT INTO call_batches VALUES (?, ?, ?)", rows)
+            self.db.executemany("DELETE FROM call_batches WHERE episode = ? AND last_seq <= ?", trimmed)
             self.db.execute("COMMIT")
         except BaseException:
             self.db.execute("ROLLBACK")
             raise
-        return len(pending)
+        return written
 
-    def _count(self, by_episode: dict[str, list[tuple[Call, float]]]) -> list[tuple[int, str]]:
-        """Add each episode's new calls to its counter, one statement per few hundred episodes rather than
-        one per episode; (calls now, episode id) of the episodes that still exist."""
-        items = list(by_episode.items())
+    def _count(self, batches: dict[str, _Batch]) -> list[tuple[int, int, str]]:
+        """Create each episode's row or add its new calls to the counter, one statement per few hundred
+        episodes rather than one per episode; (calls now, key, episode id) of each."""
+        items = list(batches.items())
         counted = []
         for start in range(0, len(items), _EPISODES_PER_UPDATE):
             chunk = items[start : start + _EPISODES_PER_UPDATE]
-            values = ", ".join(["(?, ?, ?)"] * len(chunk))
+            values = ", ".join(["(?, ?, ?, ?, ?)"] * len(chunk))
+            parameters = []
+            for episode_id, batch in chunk:
+                parameters += (episode_id, batch.patient_id, batch.first, batch.seen, len(batch.calls))
             counted += self.db.execute(
-                "UPDATE episodes SET calls = calls + v.column2, last_seen = v.column3 "
-                f"FROM (VALUES {values}) AS v WHERE episodes.id = v.column1 RETURNING calls, id",
-                [x for episode_id, calls in chunk for x in (episode_id, len(calls), calls[-1][1])],
+                f"INSERT INTO episodes (id, patient_id, created, last_seen, calls) VALUES {values} "
+                "ON CONFLICT(id) DO UPDATE SET calls = calls + excluded.calls, "
+                "last_seen = max(last_seen, excluded.last_seen) RETURNING calls, key, id",
+                parameters,
             ).fetchall()
         return counted
 
     def get(self, episode_id: str) -> dict | None:
+        """A live episode: its binding from the shared table (a call another worker answered a moment ago
+        is already there), its calls from the log as far as the workers have written them."""
         self.flush()
-        row = self.db.execute(
-            "SELECT patient_id, created, last_seen, calls FROM episodes WHERE id = ?", (episode_id,)
-        ).fetchone()
-        if row is None:
+        bound = self.bindings.lookup(episode_id)
+        if bound is None:
             return None
-        calls = self.db.execute(
-            "SELECT seq, time, tool, arguments, status, http_status, latency_ms, digest FROM calls "
-            "WHERE episode_id = ? ORDER BY seq",
-            (episode_id,),
-        ).fetchall()
+        patient_id, created, seen = bound
+        row = self.db.execute("SELECT key, calls FROM episodes WHERE id = ?", (episode_id,)).fetchone()
+        key, total = row if row is not None else (None, 0)
+        calls = []
+        for last_seq, stored in self.db.execute(
+            "SELECT last_seq, calls FROM call_batches WHERE episode = ? ORDER BY last_seq", (key,)
+        ):
+            batch = json.loads(stored)
+            for seq, call in enumerate(batch, start=last_seq - len(batch) + 1):
+                if seq > total - self.max_calls:  # a batch straddling the cap keeps its older calls
+                    calls.append(_call_record(seq, call))
         return {
             "episode_id": episode_id,
-            "patient_id": row[0],
-            "created": row[1],
-            "last_seen": row[2],
-            "calls_total": row[3],
-            "calls": [
-                {
-                    "seq": c[0],
-                    "time": c[1],
-                    "tool": c[2],
-                    "arguments": json.loads(c[3]),
-                    "status": c[4],
-                    "http_status": c[5],
-                    "latency_ms": c[6],
-                    "output_digest": c[7],
-                }
-                for c in calls
-            ],
+            "patient_id": patient_id,
+            "created": created,
+            "last_seen": seen,
+            "calls_total": total,
+            "calls": calls,
         }
 
     def sweep(self, now: float | None = None) -> int:
@@ -182,18 +215,22 @@ class EpisodeStore:
         now = time.time() if now is None else now
         self.flush()
         self._known.clear()
+        dropped = self.bindings.expire(now - self.idle_s)
         self.db.execute("BEGIN IMMEDIATE")
         try:
-            dropped = self.db.execute(
-                "DELETE FROM episodes WHERE last_seen < ? RETURNING id", (now - self.idle_s,)
-            ).fetchall()
-            excess = self.live() - self.max_episodes
-            if excess > 0:
-                dropped += self.db.execute(
-                    "DELETE FROM episodes WHERE id IN (SELECT id FROM episodes ORDER BY last_seen LIMIT ?) RETURNING id",
-                    (excess,),
-                ).fetchall()
-            self.db.execute("DELETE FROM calls WHERE episode_id NOT IN (SELECT id FROM episodes)")
+            keys = [
+                row[0]
+                for episode_id in dropped
+                for row in self.db.execute("DELETE FROM episodes WHERE id = ? RETURNING key", (episode_id,))
+            ]
+            # what no table remembers: episodes of a bindings file laid out anew, or idle past their time
+            keys += [
+                row[0]
+                for row in self.db.execute(
+                    "DELETE FROM episodes WHERE last_seen < ? RETURNING key", (now - self.idle_s,)
+                )
+            ]
+            self.db.executemany("DELETE FROM call_batches WHERE episode = ?", [(key,) for key in keys])
             self.db.execute("COMMIT")
         except BaseException:
             self.db.execute("ROLLBACK")
@@ -201,19 +238,56 @@ class EpisodeStore:
         return len(dropped)
 
     def live(self) -> int:
-        self.flush()
-        return self.db.execute("SELECT COUNT(*) FROM episodes").fetchone()[0]
+        """Episodes bound now, across workers."""
+        return self.bindings.live
 
     def close(self) -> None:
         self.flush()
         self.db.close()
+        self.bindings.close()
 
 
-# one encoder for every row: json.dumps with options builds a new one on each call
-_ARGUMENTS_JSON = json.JSONEncoder(default=str).encode
+class _Batch:
+    """One episode's queued calls at a flush."""
+
+    __slots__ = ("calls", "first", "patient_id", "seen", "times")
+
+    def __init__(self, patient_id: str, now: float):
+        self.patient_id = patient_id
+        self.first = self.seen = now
+        self.calls: list[Call] = []
+        self.times: list[float] = []
 
 
-def _row(episode_id: str, seq: int, call: Call, now: float) -> tuple:
-    arguments = _ARGUMENTS_JSON(call.arguments)
-    latency = round(call.latency_ms, 3)
-    return (episode_id, seq, now, call.tool, arguments, call.status, call.http_status, latency, call.digest)
+def _calls_json(batch: _Batch) -> str:
+    """An episode's calls of one flush as one JSON array, each call a short array (`_call_record` reads
+    it), by pydantic-core's serialiser: a tenth of the cost of `json.dumps` of a dict per call."""
+    return pydantic_core.to_json(
+        [
+            (
+                now,
+                call.tool,
+                call.arguments,
+                call.status,
+                call.http_status,
+                round(call.latency_ms, 3),
+                call.digest,
+            )
+            for call, now in zip(batch.calls, batch.times, strict=True)
+        ],
+        fallback=str,
+    ).decode()
+
+
+def _call_record(seq: int, stored: list) -> dict:
+    moment, tool, arguments, status, http_status, latency_ms, digest = stored
+    return {
+        "seq": seq,
+        "time": moment,
+        "tool": tool,
+        "arguments": arguments,
+        "status": status,
+        "http_status": http_status,
+        "latency_ms": latency_ms,
+        "output_digest": digest,
+    }

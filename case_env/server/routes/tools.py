@@ -162,7 +162,9 @@ async def answer(state: ServerState, name: str, body: ToolCallRequest) -> tuple[
     )
     if outcome.bound:
         state.episodes.record(
-            body.episode_id, Call(name, body.arguments, status, outcome.status, latency_ms, outcome.digest)
+            body.episode_id,
+            body.patient_id,
+            Call(name, body.arguments, status, outcome.status, latency_ms, outcome.digest),
         )
     return outcome.status, outcome.headers, answer_json(outcome, name, body.episode_id, latency_ms)
 
