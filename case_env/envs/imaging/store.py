@@ -28,9 +28,10 @@ class ImagingStore:
         return self.patients.fingerprint(case_id)
 
     def warm(self, case_id: str) -> None:
-        """Decode the patient's volumes: an episode starts with cheap calls (visits, context), so its first
-        render finds them ready."""
+        """Decode the patient's volumes and bring its windows and organ extents into memory: an episode
+        starts with cheap calls (visits, context), so its first render finds them ready."""
         self.patients.preload(case_id, 1)
+        self.imaging.warm(case_id)
 
     def memory_bytes(self) -> int:
         return self.patients.cache.stats().bytes

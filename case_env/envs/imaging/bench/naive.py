@@ -57,8 +57,9 @@ class NaiveStore(PatientStore):
 class NaiveImaging(Imaging):
     def __init__(self, store: PatientStore, max_side: int = 448):
         super().__init__(store, max_side)
-        self._windows = _Memo(0)  # nothing remembered between calls
+        self._windows = _Memo(0)  # nothing remembered between calls, nor kept on disk
         self._extents = _Memo(0)
+        self._facts = None
 
     def window(self, patient_id: str, channel: str) -> Window:
         visits = [v for v in self.store.patient(patient_id).visits if channel in v.channels]

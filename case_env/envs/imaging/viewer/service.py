@@ -4,10 +4,15 @@ A window is computed once per (patient, sequence) from both visits pooled and re
 that patient, so a liver that gains fat looks brighter on the fat image at follow-up instead of being
 normalised away (docs/sources.md, Rendering). Positions are resolved in millimetres, so a comparison shows
 the same anatomical level at both visits even when their grids differ.
+
+Windows and the extents of every organ of a label map are derived facts: computed once per dataset, kept on
+disk (`data/derived.py`) for every worker and later server start, and held in memory by each worker.
+`warm` prepares a patient's in the background, so its first renders can run on the event loop.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import OrderedDict
 from collections.abc import Hashable
@@ -15,7 +20,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from case_env.core.errors import DataError
 from case_env.core.resident import require_resident
+from case_env.envs.imaging.data.derived import DerivedFacts
 from case_env.envs.imaging.data.nifti import Volume
 from case_env.envs.imaging.data.store import PatientStore
 from case_env.envs.imaging.labels import colour_name
@@ -25,6 +32,8 @@ from case_env.envs.imaging.viewer.render import AXIS, Plane, Window
 _SAMPLE_STRIDE = (
     7  # a strided subsample gives the same percentiles as the whole volume (docs/sources.md, Rendering)
 )
+# what a stored window depends on besides the volumes: a change to any of them is a new fact
+_WINDOW_RULE = (_SAMPLE_STRIDE, 0.5, 99.5, render.HEADROOM)
 
 
 class OrganNotFoundError(LookupError):
@@ -82,13 +91,32 @@ def _index_at(volume: Volume, axis: int, mm: float) -> int:
     return round((mm - offset) / scale)
 
 
+def organ_extents(labels: np.ndarray) -> dict[int, tuple[tuple[int, int], ...]]:
+    """Index bounds (first, last) along each axis of every label in a label map, in one pass over its
+    labelled voxels: per axis, which (label, index) pairs occur, counted by one `np.bincount`."""
+    order = "F" if labels.flags.f_contiguous and not labels.flags.c_contiguous else "C"
+    flat = labels.ravel(order=order)  # no copy for a contiguous map
+    labelled = np.flatnonzero(flat)
+    values = flat[labelled].astype(np.intp)
+    present = np.flatnonzero(np.bincount(values, minlength=256))
+    bounds: dict[int, list[tuple[int, int]]] = {int(v): [] for v in present}
+    for axis, coordinates in enumerate(np.unravel_index(labelled, labels.shape, order=order)):
+        size = labels.shape[axis]
+        seen = np.bincount(values * size + coordinates, minlength=256 * size).reshape(256, size) > 0
+        first, last = seen.argmax(axis=1), size - 1 - seen[:, ::-1].argmax(axis=1)
+        for v in present:
+            bounds[int(v)].append((int(first[v]), int(last[v])))
+    return {v: tuple(b) for v, b in bounds.items()}
+
+
 class Imaging:
     def __init__(self, store: PatientStore, max_side: int = 448):
         self.store = store
         self.max_side = max_side
         self._windows = _Memo(4096)
-        self._extents = _Memo(65536)
+        self._extents = _Memo(4096)  # a visit's extents of every organ each
         self._palette = self._build_palette()
+        self._facts: DerivedFacts | None = DerivedFacts(store.settings.cache_dir / "derived")
 
     def _build_palette(self) -> np.ndarray:
         palette = np.zeros((256, 3), np.uint8)
@@ -106,31 +134,59 @@ class Imaging:
         )
         cached = self._windows.get(key)
         if cached is None:
-            require_resident(f"display window of {patient_id} {channel}")  # a pass over both volumes
-            volumes = [self.store.image(patient_id, v.visit, channel) for v in visits]
-            cached = render.volume_window([v.data.ravel(order="K")[::_SAMPLE_STRIDE] for v in volumes])
+            require_resident(
+                f"display window of {patient_id} {channel}"
+            )  # a file, or a pass over both volumes
+
+            def compute() -> list[float]:
+                volumes = [self.store.image(patient_id, v.visit, channel) for v in visits]
+                window = render.volume_window([v.data.ravel(order="K")[::_SAMPLE_STRIDE] for v in volumes])
+                return [window.low, window.high]
+
+            cached = Window(*self._derived("window", (*key, _WINDOW_RULE), compute))
             self._windows.put(key, cached)
         return cached  # type: ignore[return-value]
 
     def extent(self, patient_id: str, visit: str, organ: str) -> tuple[tuple[int, int], ...]:
         """Index bounds (first, last) of an organ along each axis."""
         label = self.store.label_table.by_organ.get(organ)
-        vf = self.store.visit(patient_id, visit)
-        key = (self.store.file_key(vf.organs, patient_id, visit) if vf.organs else None, organ)
-        cached = self._extents.get(key)
-        if cached is None:
-            require_resident(f"extent of {organ} in {patient_id} {visit}")  # a pass over the label map
-            labels = self.store.organ_labels(patient_id, visit)
-            mask = labels.data == label.index if label else np.zeros(labels.shape, bool)
-            bounds = []
-            for axis in range(3):
-                hits = np.flatnonzero(mask.any(axis=tuple(a for a in range(3) if a != axis)))
-                bounds.append((int(hits[0]), int(hits[-1])) if hits.size else None)
-            cached = tuple(bounds)
-            self._extents.put(key, cached)
-        if cached[0] is None:  # type: ignore[index]
+        found = self._organ_extents(patient_id, visit).get(label.index) if label else None
+        if found is None:
             raise OrganNotFoundError(organ)
-        return cached  # type: ignore[return-value]
+        return found
+
+    def _organ_extents(self, patient_id: str, visit: str) -> dict[int, tuple[tuple[int, int], ...]]:
+        """The extents of every organ of a visit's label map, by label."""
+        vf = self.store.visit(patient_id, visit)
+        key = self.store.file_key(vf.organs, patient_id, visit) if vf.organs else None
+        extents = self._extents.get(key)
+        if extents is None:
+            require_resident(f"organ extents of {patient_id} {visit}")  # a file, or a pass over the label map
+
+            def compute() -> dict[str, list]:
+                labels = self.store.organ_labels(patient_id, visit)
+                return {str(v): bounds for v, bounds in organ_extents(labels.data).items()}
+
+            stored = self._derived("extents", (key,), compute)
+            extents = {int(v): tuple(tuple(b) for b in bounds) for v, bounds in stored.items()}  # type: ignore[union-attr]
+            self._extents.put(key, extents)
+        return extents  # type: ignore[return-value]
+
+    def _derived(self, kind: str, key: tuple, compute):
+        """A derived fact: from disk when a worker or an earlier start stored it, else computed (and kept)."""
+        return compute() if self._facts is None else self._facts.fetch(kind, key, compute)
+
+    def warm(self, patient_id: str) -> None:
+        """Every window and organ extent of a patient into memory (from disk, or computed and stored), so
+        its first renders need no pass over a volume; what cannot be read is left to the calls to report."""
+        patient = self.store.patient(patient_id)
+        for channel in sorted({c for v in patient.visits for c in v.channels}):
+            with contextlib.suppress(DataError):
+                self.window(patient_id, channel)
+        for vf in patient.visits:
+            if vf.organs is not None:
+                with contextlib.suppress(DataError):
+                    self._organ_extents(patient_id, vf.visit)
 
     def organs_present(self, patient_id: str, visit: str) -> list[str]:
         return sorted(self.store.volumetry(patient_id, visit))
