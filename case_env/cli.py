@@ -155,6 +155,7 @@ def serve(
 
     import uvicorn
 
+    from case_env.server.http import PROTOCOL
     from case_env.server.settings import ServerSettings
     from case_env.settings import DataSettings
 
@@ -199,6 +200,7 @@ def serve(
             workers=settings.workers,
             log_level=log_level,
             access_log=access_log,
+            http=PROTOCOL,  # each answer in one write (case_env/server/http.py)
         )
 
 

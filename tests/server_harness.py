@@ -14,6 +14,7 @@ from case_env.core import registry
 from case_env.core.environment import Environment
 from case_env.core.tools import ToolSpec
 from case_env.server.app import create_app
+from case_env.server.http import PROTOCOL
 from case_env.server.settings import ServerSettings
 from case_env.settings import DataSettings
 
@@ -37,7 +38,7 @@ def live_server(
 ) -> Iterator[LiveServer]:
     server_settings = ServerSettings(host="127.0.0.1", port=0, audit_log=tmp / "audit.jsonl", **settings)
     data = DataSettings(data_root=root, cache_dir=tmp / "cache")
-    with serve_app(create_app(server_settings, data, environments)) as live:
+    with serve_app(create_app(server_settings, data, environments), http=PROTOCOL) as live:
         yield live
 
 
@@ -50,9 +51,10 @@ def with_tools(name: str, tools: dict[str, ToolSpec]) -> Environment:
 
 
 @contextmanager
-def serve_app(app) -> Iterator[LiveServer]:
-    """Any ASGI app under real uvicorn on a free loopback port."""
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
+def serve_app(app, http: str = "auto") -> Iterator[LiveServer]:
+    """Any ASGI app under real uvicorn on a free loopback port (`http`: uvicorn's protocol setting; case-env's
+    app runs with the one `case-env serve` gives it)."""
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on", http=http)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

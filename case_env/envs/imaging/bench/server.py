@@ -36,6 +36,7 @@ import psutil
 from case_env.bench.process import ServerProcess, free_port
 from case_env.envs.imaging.bench.load import episode_calls
 from case_env.envs.imaging.data.index import scan
+from case_env.server.http import PROTOCOL as HTTP_PROTOCOL
 from case_env.settings import DataSettings
 
 ENGINES = {
@@ -46,7 +47,8 @@ ENGINES = {
 }
 BASELINES = ("naive", "openenv", "floor")
 PROTOCOL = {"openenv": "openenv"}  # the load generator speaks case-env's protocol to the others
-OWN_METRICS = ("case-env", "naive")  # the engines that serve case-env's /metrics
+# the engines served by case-env's app as `case-env serve` runs it: its /metrics, its HTTP protocol
+CASE_ENV_APPS = ("case-env", "naive")
 MIXES = ("episode", "cheap", "render")
 RENDER_TOOLS = ("render_slice", "render_comparison")
 BENCH_PATIENTS = 48  # the default dataset: enough patients that the response cache is not the headline
@@ -168,13 +170,15 @@ def run_engine(
         *(sys.executable, "-m", "uvicorn", ENGINES[engine], "--factory", "--host", "127.0.0.1"),
         *("--port", str(port), "--workers", str(workers), "--log-level", "warning", "--no-access-log"),
     ]
+    if engine in CASE_ENV_APPS:
+        command += ["--http", HTTP_PROTOCOL]
     protocol = PROTOCOL.get(engine, "case-env")
     with ServerProcess(scratch / f"server-{tag}.log", env, port=port, command=command) as server:
         url = server.url
         with Sampler(psutil.Process(server.pid)) as sampler:
             result = _load(url, patients_file, scratch / f"load-{tag}.json", load, mix, protocol, record)
         cpu = sampler.cpu_between(*result["window"])
-        ours = engine in OWN_METRICS
+        ours = engine in CASE_ENV_APPS
         cache = (_response_cache(url) if response_cache else 0.0) if ours else None
         # one rollout alone, once the backlog has drained: each tool's service time without queueing
         if ours:
@@ -321,13 +325,15 @@ def ratios_vs(runs: dict[str, dict], baseline: str) -> dict:
 
 
 def _decode_once(data_root: Path, patients: list[str]) -> None:
-    """Every patient's volumes decoded into the shared cache before the first run, so no run pays for
-    decoding that the next run reuses (the order of runs would otherwise decide the figures)."""
+    """Every patient's volumes decoded into the shared cache, and its windows and organ extents stored
+    beside them, before the first run, so no run pays for work that the next run reuses (the order of runs
+    would otherwise decide the figures)."""
     from case_env.core import registry
 
     store = registry.get("imaging").open_store(DataSettings(data_root=data_root))
     for patient in patients:
         store.patients.preload(patient)
+        store.imaging.warm(patient)
 
 
 def parse_baselines(text: str | None) -> list[str]:
