@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import re
 import socket
+import threading
 import time
 from typing import ClassVar
 
@@ -17,6 +18,8 @@ from case_env.server.http import OneWriteHttpToolsProtocol
 from tests.server_harness import serve_app
 
 BIG = bytes(range(256)) * 32768  # 8 MB: more than the socket and uvicorn's buffers hold
+RELEASED = threading.Event()  # /then-busy blocks the event loop until the client has its answer
+RELEASES: list[bool] = []
 
 
 async def app(scope, receive, send):
@@ -52,6 +55,8 @@ async def app(scope, receive, send):
     headers.append((b"content-length", str(len(payload)).encode()))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": payload})
+    if path == "/then-busy":  # more work in the same turn of the loop, after the response is complete
+        RELEASES.append(RELEASED.wait(10))
 
 
 class _Counting:
@@ -155,3 +160,18 @@ def test_a_response_is_one_write():
         got = _exchange(ours.url, [_post("/a", b"1"), _post("/a", b"2"), _post("/a", b"3")])
     assert got.count(b"HTTP/1.1 200 OK") == 3
     assert _Counting.calls == [2, 2, 2]  # one writev of head and body per response
+
+
+def test_a_complete_response_leaves_before_the_loop_turn_ends():
+    """The app completes a response, then keeps the event loop busy until the client holds the answer: the
+    answer must have left at completion, not at the end of the turn (which would wait for the app)."""
+    RELEASED.clear()
+    RELEASES.clear()
+    with serve_app(app, http=CountedProtocol) as ours:
+        host, port = ours.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=5) as conn:
+            conn.sendall(_get("/then-busy"))
+            answer = conn.recv(65536)
+            RELEASED.set()
+    assert answer.startswith(b"HTTP/1.1 200 OK") and answer.endswith(b'"echo":""}')
+    assert RELEASES == [True]
