@@ -148,11 +148,13 @@ def run_engine(
 ) -> dict:
     """One engine under one load: its figures, server CPU per call over the measured window and (case-env)
     how its response cache answered. `record` keeps each tool's first answer for the floor."""
+    cache_dir = DataSettings(data_root=data_root).cache_dir
+    page_in([data_root, cache_dir / "decoded", cache_dir / "derived"])
     port = free_port()
     tag = f"{engine}-{mix}-{'cache' if response_cache else 'nocache'}"
     env = {
         "CASE_ENV_DATA_ROOT": str(data_root),
-        "CASE_ENV_CACHE_DIR": str(DataSettings(data_root=data_root).cache_dir),  # decoded once, for every run
+        "CASE_ENV_CACHE_DIR": str(cache_dir),  # decoded once, for every run
         "CASE_ENV_EPISODE_DB": str(scratch / f"episodes-{tag}.sqlite"),
         # as `case-env serve --workers N` sets it: each worker sizes its render pool to cores / workers
         "CASE_ENV_WORKERS": str(workers),
@@ -207,6 +209,20 @@ def run_engine(
 
 
 PROBE = Load(1, PROBE_LIMIT_S, 0.0)
+
+
+def page_in(directories: list[Path]) -> int:
+    """Read every file under the directories once, so each run starts with the data in the page cache.
+    Machines that reclaim idle page cache (this VM's kernel pages out what was not touched for a minute, by
+    DAMON) would otherwise give a run that follows the cheap mix its data from disk, and the figures of a run
+    would depend on the runs before it; returns the bytes read."""
+    buffer, total = bytearray(1 << 20), 0
+    for directory in directories:
+        for path in sorted(directory.rglob("*")) if directory.is_dir() else []:
+            with contextlib.suppress(OSError), path.open("rb", buffering=0) as handle:
+                while read := handle.readinto(buffer):
+                    total += read
+    return total
 
 
 def _load(
