@@ -14,6 +14,7 @@ import pytest
 
 from case_env.server import bindings as bindings_module
 from case_env.server.bindings import Bindings
+from case_env.server.episodes import EpisodeStore
 
 
 def test_the_table_agrees_with_a_dictionary_under_colliding_hashes(monkeypatch):
@@ -135,3 +136,19 @@ def test_ids_longer_than_a_slot_holds_are_refused_not_cut():
         table.claim("e", "c" * 65, 1.0)
     assert table.live == 0
     table.close()
+
+
+def test_a_worker_forgets_what_it_remembers_once_any_worker_drops_an_episode(tmp_path):
+    """Worker A remembers e -> case0001. Worker B sweeps e away (idle) and binds e anew to case0002. A must
+    not keep serving e as case0001 from memory: the table's count of dropped episodes moved."""
+    path = tmp_path / "episodes.sqlite"
+    a = EpisodeStore(path, idle_s=100.0, max_episodes=10, max_calls=4)
+    b = EpisodeStore(path, idle_s=100.0, max_episodes=10, max_calls=4)
+    assert a.bind("e", "case0001", now=1000.0) == "case0001"
+    assert a.bind("e", "case0001", now=1001.0) == "case0001"  # remembered
+    assert b.sweep(now=1200.0) == 1
+    assert b.bind("e", "case0002", now=1201.0) == "case0002"
+    assert a.bind("e", "case0001", now=1202.0) == "case0002"  # refused by the route: bound elsewhere
+    assert a.get("e")["patient_id"] == "case0002"
+    a.close()
+    b.close()

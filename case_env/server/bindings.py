@@ -34,7 +34,9 @@ from pathlib import Path
 import numpy as np
 
 MAGIC = b"CEBIND01"
-_HEADER = struct.Struct("<8sIIQQ")  # magic, slot size, reserved, capacity, live
+_HEADER = struct.Struct("<8sIIQQQ")  # magic, slot size, reserved, capacity, live, deletions
+_COUNT = struct.Struct("<Q")
+_LIVE, _DELETIONS = 24, 32  # offsets of the two counters in the header
 _HEADER_BYTES = mmap.PAGESIZE
 _SLOT = struct.Struct("<BBB5xQdd128s64s")  # state, episode length, patient length, hash, bound, seen, ids
 _SEEN = 24  # offset of `last_seen` within a slot
@@ -69,7 +71,7 @@ class Bindings:
         if path is None:
             self.capacity = wanted
             self._map = mmap.mmap(-1, _HEADER_BYTES + wanted * _SLOT.size)
-            _HEADER.pack_into(self._map, 0, MAGIC, _SLOT.size, 0, wanted, 0)
+            _HEADER.pack_into(self._map, 0, MAGIC, _SLOT.size, 0, wanted, 0, 0)
         else:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
@@ -91,14 +93,14 @@ class Bindings:
         assert self._fd is not None
         size = os.fstat(self._fd).st_size
         if size >= _HEADER_BYTES:
-            magic, slot, _, capacity, _ = _HEADER.unpack(os.pread(self._fd, _HEADER.size, 0))
+            magic, slot, _, capacity, _, _ = _HEADER.unpack(os.pread(self._fd, _HEADER.size, 0))
             whole = size == _HEADER_BYTES + capacity * _SLOT.size
             if magic == MAGIC and slot == _SLOT.size and whole and capacity >= wanted:
                 self._map = mmap.mmap(self._fd, size)
                 return capacity
         os.ftruncate(self._fd, 0)  # a sparse file of zeros: every slot empty
         os.ftruncate(self._fd, _HEADER_BYTES + wanted * _SLOT.size)
-        os.pwrite(self._fd, _HEADER.pack(MAGIC, _SLOT.size, 0, wanted, 0), 0)
+        os.pwrite(self._fd, _HEADER.pack(MAGIC, _SLOT.size, 0, wanted, 0, 0), 0)
         self._map = mmap.mmap(self._fd, _HEADER_BYTES + wanted * _SLOT.size)
         return wanted
 
@@ -115,10 +117,16 @@ class Bindings:
     @property
     def live(self) -> int:
         """Episodes bound now (read without the lock: a count, exact once no claim is in progress)."""
-        return _HEADER.unpack_from(self._map, 0)[4]
+        return _COUNT.unpack_from(self._map, _LIVE)[0]
+
+    @property
+    def deletions(self) -> int:
+        """Episodes dropped so far, by any worker (read without the lock): while it stays the same, every
+        binding a worker has seen still holds, so it may answer from memory."""
+        return _COUNT.unpack_from(self._map, _DELETIONS)[0]
 
     def _set_live(self, count: int) -> None:
-        _HEADER.pack_into(self._map, 0, MAGIC, _SLOT.size, 0, self.capacity, count)
+        _COUNT.pack_into(self._map, _LIVE, count)
 
     # -- calls ---------------------------------------------------------------------------------------------
     def claim(self, episode_id: str, patient_id: str, now: float) -> tuple[str, bool]:
@@ -251,6 +259,7 @@ class Bindings:
         start = self._offset(hole)
         self._map[start : start + _SLOT.size] = _EMPTY
         self._set_live(self.live - 1)
+        _COUNT.pack_into(self._map, _DELETIONS, self.deletions + 1)
 
 
 _SLOT_HEAD = struct.Struct("<BBB5xQ")  # what a probe reads: state, the id lengths, the hash

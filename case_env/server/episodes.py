@@ -14,8 +14,9 @@ call's server CPU (issue 19 measurement), where a row per episode and flush, key
 integer key, costs a few.
 
 A binding never changes while its episode lives, so each worker remembers the bindings it has seen and
-asks the table only about new episodes; a remembered binding is dropped when its episode could have
-expired, so a swept episode id is never held to its old patient.
+asks the table only about episodes it does not know. The table counts the episodes any worker drops
+(expired, or over the cap); when the count moves, a worker forgets what it remembers, so a dropped episode
+id, bound anew to another patient elsewhere, is never held to its old patient here.
 """
 
 from __future__ import annotations
@@ -74,7 +75,8 @@ class EpisodeStore:
         self.bindings = Bindings(
             None if path is None else path.with_name(path.name + "-bindings"), max_episodes
         )
-        self._known: OrderedDict[str, tuple[str, float]] = OrderedDict()  # episode -> (patient, bound at)
+        self._known: OrderedDict[str, str] = OrderedDict()  # episode -> patient, while no episode was dropped
+        self._deletions = self.bindings.deletions
         self._pending: list[tuple[str, str, Call | None, float]] = []  # (episode, patient, call, time)
 
     def _prepare(self, wal: bool, patience_s: float = 30.0) -> None:
@@ -106,17 +108,20 @@ class EpisodeStore:
                 time.sleep(random.uniform(0.01, 0.1))
 
     def bind(self, episode_id: str, patient_id: str, now: float | None = None) -> str:
-        """Bind a new episode to a patient (or touch a known one); returns the bound patient."""
-        now = time.time() if now is None else now
+        """Bind a new episode to a patient (or find a known one); returns the bound patient."""
+        deletions = self.bindings.deletions
+        if deletions != self._deletions:  # an episode was dropped somewhere: what is remembered may be stale
+            self._known.clear()
+            self._deletions = deletions
         known = self._known.get(episode_id)
-        # a remembered binding is trusted for half the idle time: the episode cannot have expired since
-        if known is not None and now - known[1] < self.idle_s / 2:
+        if known is not None:
             self._known.move_to_end(episode_id)
-            return known[0]
+            return known
+        now = time.time() if now is None else now
         bound, new = self.bindings.claim(episode_id, patient_id, now)
         if new:  # the log gets the episode at the next flush, with or without calls
             self._pending.append((episode_id, bound, None, now))
-        self._known[episode_id] = (bound, now)
+        self._known[episode_id] = bound
         self._known.move_to_end(episode_id)
         while len(self._known) > self.max_episodes:
             self._known.popitem(last=False)
@@ -214,7 +219,6 @@ class EpisodeStore:
         """Forget idle episodes and the least recent ones beyond the cap; returns how many were dropped."""
         now = time.time() if now is None else now
         self.flush()
-        self._known.clear()
         dropped = self.bindings.expire(now - self.idle_s)
         self.db.execute("BEGIN IMMEDIATE")
         try:
