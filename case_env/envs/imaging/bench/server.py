@@ -397,16 +397,24 @@ def run_server_bench(
                 engine, data_root, patients_file, scratch, load, workers, cache_mb, mix, cache, record
             )
 
+        # mix by mix, each baseline next to the case-env runs it is compared with, the floor's cheap run
+        # between case-env's two: this machine's speed drifts by tens of percent over minutes, and a ratio of
+        # runs minutes apart measured the drift (the floor once ran 30 % cheaper at the end of a run)
+        floor_first = [b for b in baselines if b == "floor"]
+        others = [b for b in baselines if b != "floor"]
         runs = {"case-env": run("case-env", "episode", record=scratch / "answers")}
         runs["case-env/no-cache"] = run("case-env", "episode", cache=False)
-        runs["case-env/cheap"] = run("case-env", "cheap")
-        runs["case-env/cheap/no-cache"] = run("case-env", "cheap", cache=False)
-        runs["case-env/render/no-cache"] = run("case-env", "render", cache=False)
-        for baseline in baselines:
+        for baseline in floor_first + others:
             runs[baseline] = run(baseline, "episode")
+        runs["case-env/cheap"] = run("case-env", "cheap")
+        for baseline in floor_first:
             runs[f"{baseline}/cheap"] = run(baseline, "cheap")
-            if baseline == "openenv":  # the same render code behind OpenEnv's step
-                runs["openenv/render"] = run(baseline, "render")
+        runs["case-env/cheap/no-cache"] = run("case-env", "cheap", cache=False)
+        for baseline in others:
+            runs[f"{baseline}/cheap"] = run(baseline, "cheap")
+        runs["case-env/render/no-cache"] = run("case-env", "render", cache=False)
+        if "openenv" in baselines:  # the same render code behind OpenEnv's step
+            runs["openenv/render"] = run("openenv", "render")
     ratios = {baseline: ratios_vs(runs, baseline) for baseline in baselines}
     result = {
         "benchmark": "server",
