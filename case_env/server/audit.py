@@ -21,6 +21,10 @@ class AuditLog:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
 
+    @property
+    def enabled(self) -> bool:
+        return self._fd is not None
+
     def write(
         self,
         *,

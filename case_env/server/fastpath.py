@@ -96,6 +96,8 @@ def _plain_name(name: str) -> bool:
 
 
 def _json(kind: bytes | None) -> bool:
+    if kind in _JSON_TYPES:  # as every client sends it: no parameters, lower case
+        return True
     return kind is not None and kind.split(b";", 1)[0].strip().lower() in _JSON_TYPES
 
 

@@ -19,6 +19,8 @@ DESCRIPTION = (
 PERSONAS = IMAGING_PERSONAS
 INLINE = True  # the scanned index, in memory: microseconds, served on the event loop
 _STATIONS = "; ".join(f"{i} {name}" for i, name in enumerate(STATION_NAMES, start=1))
+_STATIONS_LINE = f"Each scan covers six stations, neck to knee: {_STATIONS}."
+_SEQUENCES = ("water", "fat", "in", "opp")
 
 
 class Args(BaseModel):
@@ -26,15 +28,20 @@ class Args(BaseModel):
 
 
 def run(ctx: ImagingContext, args: Args) -> ToolResult:
-    patient = ctx.patients.patient(ctx.patient_id)
-    lines = [f"{len(patient.visits)} visit(s)."]
-    for vf in patient.visits:
-        line = f"{visit_label(vf)}: session {vf.session}"
+    visits = ctx.patients.patient(ctx.patient_id).visits
+    lines = [f"{len(visits)} visit(s)."]
+    for vf in visits:
+        after = ""
         if vf.visit != "baseline" and vf.interval_days is not None:
-            line += f", {vf.interval_days} days ({vf.interval_days / 365.25:.1f} years) after baseline"
-        sequences = ", ".join(c for c in ("water", "fat", "in", "opp") if c in vf.channels) or "none"
-        line += f"; sequences: {sequences}; organ segmentation: {'yes' if vf.organs else 'no'}"
-        line += f"; radiology report: {'yes' if vf.report_md or vf.report_json else 'no'}."
-        lines.append(line)
-    lines.append(f"Each scan covers six stations, neck to knee: {_STATIONS}.")
+            after = f", {vf.interval_days} days ({vf.interval_days / 365.25:.1f} years) after baseline"
+        # a list, not a generator: this tool answers on the event loop, and resuming a generator per item
+        # cost as much as the rest of a visit's line
+        sequences = ", ".join([c for c in _SEQUENCES if c in vf.channels]) or "none"
+        segmented = "yes" if vf.organs else "no"
+        reported = "yes" if vf.report_md or vf.report_json else "no"
+        lines.append(
+            f"{visit_label(vf)}: session {vf.session}{after}; sequences: {sequences}; "
+            f"organ segmentation: {segmented}; radiology report: {reported}."
+        )
+    lines.append(_STATIONS_LINE)
     return ToolResult("\n".join(lines))

@@ -17,7 +17,8 @@ import functools
 import hashlib
 import logging
 import time
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import pydantic_core
 from fastapi import APIRouter, Depends, Path, Query, Request
@@ -71,10 +72,10 @@ _ERROR_RESPONSES = {
 class Outcome:
     status: int
     text: str
-    images: list[ImagePayload] = field(default_factory=list)
+    images: Sequence[ImagePayload] = ()
     error: ErrorInfo | None = None
     digest: str | None = None
-    headers: dict[str, str] = field(default_factory=dict)
+    headers: Mapping[str, str] | None = None  # Retry-After of a refusal; None, not a new dict per call
     bound: bool = False  # the episode is bound to this call's patient: record the call there
     encoded: tuple[bytes, ...] = ()  # each image's base64, spliced into the answer (`_with_images`)
 
@@ -143,7 +144,9 @@ async def call_tool(
     return Response(payload, status_code=status, headers=headers, media_type="application/json")
 
 
-async def answer(state: ServerState, name: str, body: ToolCallRequest) -> tuple[int, dict[str, str], bytes]:
+async def answer(
+    state: ServerState, name: str, body: ToolCallRequest
+) -> tuple[int, Mapping[str, str] | None, bytes]:
     """One tool call, whole: served, counted, audited, recorded in its episode; (status, headers, JSON body).
     The FastAPI route above and the server's fast path (`case_env.server.fastpath`) both answer with it."""
     started = time.perf_counter()
@@ -151,15 +154,16 @@ async def answer(state: ServerState, name: str, body: ToolCallRequest) -> tuple[
     latency_ms = (time.perf_counter() - started) * 1000
     status = outcome.error.code.value if outcome.error else "ok"
     state.metrics.observe(name if name in state.tools else "_unknown", status, latency_ms / 1000)
-    state.audit.write(
-        episode_id=body.episode_id,
-        patient_id=body.patient_id,
-        tool=name,
-        arguments=body.arguments,
-        status=status,
-        http_status=outcome.status,
-        latency_ms=latency_ms,
-    )
+    if state.audit.enabled:
+        state.audit.write(
+            episode_id=body.episode_id,
+            patient_id=body.patient_id,
+            tool=name,
+            arguments=body.arguments,
+            status=status,
+            http_status=outcome.status,
+            latency_ms=latency_ms,
+        )
     if outcome.bound:
         state.episodes.record(
             body.episode_id,
@@ -206,15 +210,19 @@ def _with_images(body: bytes, encoded: tuple[bytes, ...]) -> bytes:
 
 async def _serve(state: ServerState, name: str, body: ToolCallRequest, started: float) -> Outcome:
     ready, reason = state.readiness()
-    retry = {"Retry-After": str(state.settings.retry_after_s)}
     if not ready:
-        return Outcome.failure(ErrorCode.NOT_READY, f"server not ready: {reason}", headers=retry)
+        return Outcome.failure(ErrorCode.NOT_READY, f"server not ready: {reason}", headers=_retry(state))
     if not await state.admission.enter():  # shed load before any lookup or database write
-        return Outcome.failure(ErrorCode.OVERLOADED, "too many calls in flight; retry shortly", headers=retry)
+        message = "too many calls in flight; retry shortly"
+        return Outcome.failure(ErrorCode.OVERLOADED, message, headers=_retry(state))
     try:
         return await _admitted(state, name, body, started)
     finally:
         state.admission.leave()
+
+
+def _retry(state: ServerState) -> dict[str, str]:
+    return {"Retry-After": str(state.settings.retry_after_s)}
 
 
 async def _admitted(state: ServerState, name: str, body: ToolCallRequest, started: float) -> Outcome:
@@ -350,9 +358,11 @@ def _success(result: ToolResult) -> Outcome:
     # SHA-256 cut to 128 bits: OpenSSL's runs on the CPU's SHA instructions, 2.5 times the speed of
     # hashlib's BLAKE2b over a 22 KB PNG (0.02 against 0.05 ms, the same machine)
     digest = hashlib.sha256(result.text.encode())
+    if not result.images:
+        return Outcome(200, result.text, digest=digest.hexdigest()[:32], bound=True)
     images = []
     for image in result.images:
         digest.update(image.png)
         images.append(ImagePayload(mime=image.mime, width=image.width, height=image.height, data_b64=""))
-    encoded = tuple(base64.b64encode(image.png) for image in result.images)
+    encoded = tuple([base64.b64encode(image.png) for image in result.images])
     return Outcome(200, result.text, images, digest=digest.hexdigest()[:32], bound=True, encoded=encoded)
