@@ -123,3 +123,35 @@ def test_failures_are_named_and_the_next_call_reconnects(reply, kind, words):
 def test_only_plain_http_urls():
     with pytest.raises(ValueError, match="plain http"):
         Client("https://example.org")
+
+
+def test_turns_merge_into_one_result():
+    """Calls, time and errors of the turns add up; the load generator's CPU is weighted by calls; each
+    percentile is the median of the turns'."""
+    from case_env.bench.measure import merged_turns
+
+    def turn(calls: int, seconds: float, p99: float, cpu: float, errors: dict) -> dict:
+        figures = {"n": calls, "p50": p99 / 4, "p95": p99 / 2, "p99": p99, "mean": p99 / 3}
+        return {
+            "calls": calls,
+            "duration_s": seconds,
+            "errors": errors,
+            "latency_ms": {"list_visits": figures},
+            "latency_ms_all": figures,
+            "load_cpu_ms_per_call": cpu,
+        }
+
+    merged = merged_turns(
+        [
+            turn(100, 1.0, 30.0, 0.1, {}),
+            turn(300, 2.0, 10.0, 0.2, {"http_429": 2}),
+            turn(200, 1.0, 20.0, 0.3, {"http_429": 1}),
+        ],
+        rollouts=8,
+    )
+    assert merged["calls"] == 600 and merged["duration_s"] == 4.0 and merged["calls_per_s"] == 150.0
+    assert merged["errors"] == {"http_429": 3}
+    assert (
+        merged["latency_ms"]["list_visits"]["p99"] == 20.0 and merged["latency_ms"]["list_visits"]["n"] == 600
+    )
+    assert merged["load_cpu_ms_per_call"] == round((10 + 60 + 60) / 600, 3)

@@ -67,7 +67,7 @@ def test_bench_data_reports_every_figure(tmp_path):
 
 
 def test_each_bench_run_reads_its_data_into_the_page_cache_first(tmp_path):
-    from case_env.envs.imaging.bench.server import page_in
+    from case_env.bench.measure import page_in
 
     (tmp_path / "a" / "b").mkdir(parents=True)
     (tmp_path / "a" / "one.npy").write_bytes(b"x" * 3_000_000)  # more than one read's buffer
@@ -138,6 +138,12 @@ def test_bench_server_measures_case_env_against_every_baseline(dataset, tmp_path
         assert cheap["throughput"] == round(
             runs["case-env/cheap"]["calls_per_s"] / runs[f"{baseline}/cheap"]["calls_per_s"], 2
         )
+    # the cheap mix ran in turns: four rounds per engine, their calls summed, every engine in every round
+    for name in ("case-env/cheap", "case-env/cheap/no-cache", "naive/cheap", "openenv/cheap", "floor/cheap"):
+        rounds = runs[name]["rounds"]
+        assert len(rounds) == 4 and all(r["calls_per_s"] > 0 for r in rounds), name
+        assert runs[name]["latency_ms"]["list_visits"]["n"] == runs[name]["calls"]
+    assert "rounds" not in runs["case-env"] and "rounds" not in runs["case-env/render/no-cache"]
     assert figures["ratio_vs_naive"]["episode"]["unloaded_episode"] > 1  # decoding on every call is slower
     assert figures["ratio_vs_floor"]["episode"]["cpu_per_call"] > 1  # the floor does no work at all
     assert set(figures["met"]) == {

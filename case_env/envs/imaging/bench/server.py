@@ -9,9 +9,11 @@ Baselines (`--baseline naive,openenv,floor`, any subset):
 Each engine is served by uvicorn in its own process group (same worker count, loopback) and driven by the
 load generator (`case_env.envs.imaging.bench.load`) as a separate process, twice: the episode mix (a whole
 imaging episode, renders included) and the cheap mix (`list_visits` only, the framework's own cost).
-case-env runs both mixes with its response cache on and off. While a load runs, this process samples the
-server's process tree for CPU time and memory, so each run reports server CPU per call over exactly the
-measured window. `bench.json` holds every run, `ratio_vs_<baseline>` per mix (throughput and server CPU per
+case-env runs both mixes with its response cache on and off, and the render mix. While a load runs, this
+process samples the server's process tree for CPU time and memory, so each run reports server CPU per call
+over exactly the measured window. The cheap mix, whose ratio to the floor is a target, runs its engines in
+turns (`run_paired`), so the machine's drift falls on all of them alike; every run starts with the data
+in the page cache (`page_in`). `bench.json` holds every run, `ratio_vs_<baseline>` per mix (throughput and server CPU per
 call as case-env ÷ baseline, p99 as baseline ÷ case-env), the response cache's hit rate and which targets
 were met; `bench.png` plots them.
 """
@@ -25,14 +27,14 @@ import random
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import psutil
 
+from case_env.bench.measure import Sampler, merged_turns, page_in
 from case_env.bench.process import ServerProcess, free_port
 from case_env.envs.imaging.bench.load import episode_calls
 from case_env.envs.imaging.data.index import scan
@@ -68,61 +70,6 @@ TARGETS = {
 }
 
 
-@dataclass
-class Sampler:
-    """CPU seconds and peak memory of a process and its children, sampled on a thread. RSS counts pages
-    shared between workers (the mapped decoded volumes) once per worker; PSS splits them fairly."""
-
-    root: psutil.Process
-    interval: float = 0.25
-    peak_rss: int = 0
-    peak_pss: int = 0
-    _stop: bool = False
-    samples: list[tuple[float, float]] = field(default_factory=list)  # (wall time, CPU seconds)
-
-    def _tree(self) -> list[psutil.Process]:
-        try:
-            return [self.root, *self.root.children(recursive=True)]
-        except psutil.NoSuchProcess:
-            return []
-
-    def cpu_seconds(self) -> float:
-        total = 0.0
-        for proc in self._tree():
-            with contextlib.suppress(psutil.NoSuchProcess):
-                times = proc.cpu_times()
-                total += times.user + times.system
-        return total
-
-    def cpu_between(self, start: float, end: float) -> float:
-        """CPU seconds the tree spent between two wall times, from the samples nearest each."""
-
-        def at(moment: float) -> float:
-            return min(self.samples, key=lambda sample: abs(sample[0] - moment))[1]
-
-        return at(end) - at(start) if self.samples else 0.0
-
-    def _run(self) -> None:
-        while not self._stop:
-            self.samples.append((time.time(), self.cpu_seconds()))
-            rss = pss = 0
-            for proc in self._tree():
-                with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
-                    full = proc.memory_full_info()
-                    rss, pss = rss + full.rss, pss + full.pss
-            self.peak_rss, self.peak_pss = max(self.peak_rss, rss), max(self.peak_pss, pss)
-            time.sleep(self.interval)
-
-    def __enter__(self) -> Sampler:
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop = True
-        self._thread.join()
-
-
 @dataclass(frozen=True)
 class Load:
     """What one engine run asks of the load generator."""
@@ -132,6 +79,49 @@ class Load:
     warmup: float
     think_ms: float = 0.0
     group_size: int = 1
+
+
+@dataclass(frozen=True)
+class Setup:
+    """One server configuration of a run: an engine, the mix it serves, its response cache."""
+
+    engine: str
+    mix: str = "episode"
+    response_cache: bool = True
+
+    @property
+    def tag(self) -> str:
+        return f"{self.engine}-{self.mix}-{'cache' if self.response_cache else 'nocache'}"
+
+
+@contextlib.contextmanager
+def serving(setup: Setup, data_root: Path, scratch: Path, workers: int, cache_mb: int | None):
+    """The engine's server, started (in its own process group, as `case-env serve` runs case-env's app)."""
+    env = {
+        "CASE_ENV_DATA_ROOT": str(data_root),
+        "CASE_ENV_CACHE_DIR": str(DataSettings(data_root=data_root).cache_dir),  # decoded once, for every run
+        "CASE_ENV_EPISODE_DB": str(scratch / f"episodes-{setup.tag}.sqlite"),
+        # as `case-env serve --workers N` sets it: each worker sizes its render pool to cores / workers
+        "CASE_ENV_WORKERS": str(workers),
+        "PROMETHEUS_MULTIPROC_DIR": str(scratch / f"metrics-{setup.tag}"),
+        "CASE_ENV_TOKEN": None,
+        "CASE_ENV_AUDIT_LOG": None,
+        "CASE_ENV_FLOOR_ANSWERS": str(scratch / "answers"),
+    }
+    if not setup.response_cache:
+        env["CASE_ENV_RESPONSE_CACHE_MB"] = "0"
+    if cache_mb is not None:
+        env["CASE_ENV_CACHE_BYTES"] = str(cache_mb * 2**20)
+    (scratch / f"metrics-{setup.tag}").mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    command = [
+        *(sys.executable, "-m", "uvicorn", ENGINES[setup.engine], "--factory", "--host", "127.0.0.1"),
+        *("--port", str(port), "--workers", str(workers), "--log-level", "warning", "--no-access-log"),
+    ]
+    if setup.engine in CASE_ENV_APPS:
+        command += ["--http", HTTP_PROTOCOL]
+    with ServerProcess(scratch / f"server-{setup.tag}.log", env, port=port, command=command) as server:
+        yield server
 
 
 def run_engine(
@@ -148,81 +138,125 @@ def run_engine(
 ) -> dict:
     """One engine under one load: its figures, server CPU per call over the measured window and (case-env)
     how its response cache answered. `record` keeps each tool's first answer for the floor."""
-    cache_dir = DataSettings(data_root=data_root).cache_dir
-    page_in([data_root, cache_dir / "decoded", cache_dir / "derived"])
-    port = free_port()
-    tag = f"{engine}-{mix}-{'cache' if response_cache else 'nocache'}"
-    env = {
-        "CASE_ENV_DATA_ROOT": str(data_root),
-        "CASE_ENV_CACHE_DIR": str(cache_dir),  # decoded once, for every run
-        "CASE_ENV_EPISODE_DB": str(scratch / f"episodes-{tag}.sqlite"),
-        # as `case-env serve --workers N` sets it: each worker sizes its render pool to cores / workers
-        "CASE_ENV_WORKERS": str(workers),
-        "PROMETHEUS_MULTIPROC_DIR": str(scratch / f"metrics-{tag}"),
-        "CASE_ENV_TOKEN": None,
-        "CASE_ENV_AUDIT_LOG": None,
-        "CASE_ENV_FLOOR_ANSWERS": str(scratch / "answers"),
-    }
-    if not response_cache:
-        env["CASE_ENV_RESPONSE_CACHE_MB"] = "0"
-    if cache_mb is not None:
-        env["CASE_ENV_CACHE_BYTES"] = str(cache_mb * 2**20)
-    (scratch / f"metrics-{tag}").mkdir(parents=True, exist_ok=True)
-    command = [
-        *(sys.executable, "-m", "uvicorn", ENGINES[engine], "--factory", "--host", "127.0.0.1"),
-        *("--port", str(port), "--workers", str(workers), "--log-level", "warning", "--no-access-log"),
-    ]
-    if engine in CASE_ENV_APPS:
-        command += ["--http", HTTP_PROTOCOL]
-    protocol = PROTOCOL.get(engine, "case-env")
-    with ServerProcess(scratch / f"server-{tag}.log", env, port=port, command=command) as server:
-        url = server.url
+    setup = Setup(engine, mix, response_cache)
+    page_in(_data_directories(data_root))
+    with serving(setup, data_root, scratch, workers, cache_mb) as server:
+        protocol = PROTOCOL.get(engine, "case-env")
         with Sampler(psutil.Process(server.pid)) as sampler:
-            result = _load(url, patients_file, scratch / f"load-{tag}.json", load, mix, protocol, record)
+            result = _load(
+                server.url, patients_file, scratch / f"load-{setup.tag}.json", load, mix, protocol, record
+            )
         cpu = sampler.cpu_between(*result["window"])
-        ours = engine in CASE_ENV_APPS
-        cache = (_response_cache(url) if response_cache else 0.0) if ours else None
-        # one rollout alone, once the backlog has drained: each tool's service time without queueing
-        if ours:
-            _drain(url)
-        probe = _load(
-            url, patients_file, scratch / f"probe-{tag}.json", PROBE, mix, protocol, None, PROBE_EPISODES
-        )
+        result.update(_after(setup, server.url, patients_file, scratch))
+    return _figures(setup, result, cpu, sampler, workers)
+
+
+def run_paired(
+    setups: list[Setup],
+    data_root: Path,
+    patients_file: Path,
+    scratch: Path,
+    load: Load,
+    workers: int,
+    cache_mb: int | None,
+    rounds: int = 4,
+) -> dict[str, dict]:
+    """Several engines under the same load in turns: every server up at once, each measured for a share of
+    the duration in each round, the order rotated from round to round. This machine's speed drifts by tens
+    of percent within a minute (issue 19: the same case-env cheap call cost 0.183 and 0.235 ms in runs a
+    minute apart, the floor's run between them), so a ratio of runs made one after the other measured the
+    drift as much as the engines; in turns, each engine sees the same spread of the machine's states. Server
+    CPU is read from the process tree before and after each turn; latency percentiles are the median of
+    the rounds'."""
+    page_in(_data_directories(data_root))
+    share = Load(load.rollouts, load.duration / rounds, 0.0, load.think_ms, load.group_size)
+    with contextlib.ExitStack() as stack:
+        servers = {s: stack.enter_context(serving(s, data_root, scratch, workers, cache_mb)) for s in setups}
+        samplers = {s: Sampler(psutil.Process(server.pid)) for s, server in servers.items()}
+        for s, server in servers.items():  # the warm-up, unmeasured
+            warm = Load(load.rollouts, max(load.warmup, 1.0), 0.0, load.think_ms, load.group_size)
+            _load(server.url, patients_file, scratch / f"warm-{s.tag}.json", warm, s.mix, _protocol(s), None)
+        turns: dict[Setup, list[tuple[dict, float]]] = {s: [] for s in setups}
+        for round_ in range(rounds):
+            for s in setups[round_ % len(setups) :] + setups[: round_ % len(setups)]:
+                before = samplers[s].cpu_seconds()
+                out = scratch / f"load-{s.tag}-{round_}.json"
+                result = _load(servers[s].url, patients_file, out, share, s.mix, _protocol(s), None)
+                turns[s].append((result, samplers[s].cpu_seconds() - before))
+                samplers[s].note_memory()
+        figures = {}
+        for s, server in servers.items():
+            result = merged_turns([r for r, _ in turns[s]], load.rollouts)
+            result.update(_after(s, server.url, patients_file, scratch))
+            result["rounds"] = [
+                {
+                    "calls_per_s": r["calls_per_s"],
+                    "server_cpu_ms_per_call": round(1000 * c / max(r["calls"], 1), 3),
+                }
+                for r, c in turns[s]
+            ]
+            figures[s] = _figures(s, result, sum(c for _, c in turns[s]), samplers[s], workers)
+    return {_run_name(s): f for s, f in figures.items()}
+
+
+def _protocol(setup: Setup) -> str:
+    return PROTOCOL.get(setup.engine, "case-env")
+
+
+def _run_name(setup: Setup) -> str:
+    """The run's key in bench.json: `case-env/cheap/no-cache`, `floor/cheap`, `openenv`."""
+    parts = [setup.engine] + ([setup.mix] if setup.mix != "episode" else [])
+    if setup.engine == "case-env" and not setup.response_cache:
+        parts.append("no-cache")
+    return "/".join(parts)
+
+
+def _data_directories(data_root: Path) -> list[Path]:
+    cache_dir = DataSettings(data_root=data_root).cache_dir
+    return [data_root, cache_dir / "decoded", cache_dir / "derived"]
+
+
+def _after(setup: Setup, url: str, patients_file: Path, scratch: Path) -> dict:
+    """What a run reads once its load is over: (case-env) how the response cache answered, and one rollout
+    alone, once the backlog has drained: each tool's service time without queueing."""
+    ours = setup.engine in CASE_ENV_APPS
+    extra: dict = {}
+    if ours:
+        extra["response_cache_hit_rate"] = _response_cache(url) if setup.response_cache else 0.0
+        _drain(url)
+    probe = _load(
+        url,
+        patients_file,
+        scratch / f"probe-{setup.tag}.json",
+        PROBE,
+        setup.mix,
+        _protocol(setup),
+        None,
+        PROBE_EPISODES,
+    )
+    extra["unloaded_ms"] = {tool: f["mean"] for tool, f in probe["latency_ms"].items()}
+    extra["unloaded_episode_ms"] = _episode_ms(probe) if setup.mix == "episode" else None
+    return extra
+
+
+def _figures(setup: Setup, result: dict, cpu: float, sampler: Sampler, workers: int) -> dict:
     calls = max(result["calls"], 1)
     result.update(
         {
-            "engine": engine,
-            "mix": mix,
-            "response_cache": response_cache,
+            "engine": setup.engine,
+            "mix": setup.mix,
+            "response_cache": setup.response_cache,
             "workers": workers,
             "server_cpu_cores": round(cpu / result["duration_s"], 2),
             "server_cpu_ms_per_call": round(1000 * cpu / calls, 3),
             "server_peak_rss_mb": round(sampler.peak_rss / 2**20, 1),
             "server_peak_pss_mb": round(sampler.peak_pss / 2**20, 1),
-            "unloaded_ms": {tool: f["mean"] for tool, f in probe["latency_ms"].items()},
-            "unloaded_episode_ms": _episode_ms(probe) if mix == "episode" else None,
         }
     )
-    if cache is not None:
-        result["response_cache_hit_rate"] = cache
     return result
 
 
 PROBE = Load(1, PROBE_LIMIT_S, 0.0)
-
-
-def page_in(directories: list[Path]) -> int:
-    """Read every file under the directories once, so each run starts with the data in the page cache.
-    Machines that reclaim idle page cache (this VM's kernel pages out what was not touched for a minute, by
-    DAMON) would otherwise give a run that follows the cheap mix its data from disk, and the figures of a run
-    would depend on the runs before it; returns the bytes read."""
-    buffer, total = bytearray(1 << 20), 0
-    for directory in directories:
-        for path in sorted(directory.rglob("*")) if directory.is_dir() else []:
-            with contextlib.suppress(OSError), path.open("rb", buffering=0) as handle:
-                while read := handle.readinto(buffer):
-                    total += read
-    return total
 
 
 def _load(
@@ -397,21 +431,14 @@ def run_server_bench(
                 engine, data_root, patients_file, scratch, load, workers, cache_mb, mix, cache, record
             )
 
-        # mix by mix, each baseline next to the case-env runs it is compared with, the floor's cheap run
-        # between case-env's two: this machine's speed drifts by tens of percent over minutes, and a ratio of
-        # runs minutes apart measured the drift (the floor once ran 30 % cheaper at the end of a run)
-        floor_first = [b for b in baselines if b == "floor"]
-        others = [b for b in baselines if b != "floor"]
         runs = {"case-env": run("case-env", "episode", record=scratch / "answers")}
         runs["case-env/no-cache"] = run("case-env", "episode", cache=False)
-        for baseline in floor_first + others:
+        for baseline in baselines:
             runs[baseline] = run(baseline, "episode")
-        runs["case-env/cheap"] = run("case-env", "cheap")
-        for baseline in floor_first:
-            runs[f"{baseline}/cheap"] = run(baseline, "cheap")
-        runs["case-env/cheap/no-cache"] = run("case-env", "cheap", cache=False)
-        for baseline in others:
-            runs[f"{baseline}/cheap"] = run(baseline, "cheap")
+        # the cheap mix carries the ratio to the floor: its engines in turns (`run_paired`)
+        cheap = [Setup("case-env", "cheap"), Setup("case-env", "cheap", False)]
+        cheap += [Setup(b, "cheap") for b in baselines]
+        runs.update(run_paired(cheap, data_root, patients_file, scratch, load, workers, cache_mb))
         runs["case-env/render/no-cache"] = run("case-env", "render", cache=False)
         if "openenv" in baselines:  # the same render code behind OpenEnv's step
             runs["openenv/render"] = run("openenv", "render")
