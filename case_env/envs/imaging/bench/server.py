@@ -95,7 +95,7 @@ class Setup:
 
 
 @contextlib.contextmanager
-def serving(setup: Setup, data_root: Path, scratch: Path, workers: int, cache_mb: int | None):
+def _serving(setup: Setup, data_root: Path, scratch: Path, workers: int, cache_mb: int | None):
     """The engine's server, started (in its own process group, as `case-env serve` runs case-env's app)."""
     env = {
         "CASE_ENV_DATA_ROOT": str(data_root),
@@ -124,43 +124,39 @@ def serving(setup: Setup, data_root: Path, scratch: Path, workers: int, cache_mb
         yield server
 
 
-def run_engine(
-    engine: str,
-    data_root: Path,
-    patients_file: Path,
-    scratch: Path,
-    load: Load,
-    workers: int,
-    cache_mb: int | None,
-    mix: str = "episode",
-    response_cache: bool = True,
-    record: Path | None = None,
-) -> dict:
+@dataclass(frozen=True)
+class Bench:
+    """Where and how a benchmark's runs are made: the data, the scratch directory, the load, the workers."""
+
+    data_root: Path
+    patients_file: Path
+    scratch: Path
+    load: Load
+    workers: int
+    cache_mb: int | None = None
+
+    def serving(self, setup: Setup):
+        return _serving(setup, self.data_root, self.scratch, self.workers, self.cache_mb)
+
+    def load_on(self, url: str, setup: Setup, name: str, load: Load, record: Path | None = None) -> dict:
+        """The load generator on `url` with `setup`'s mix, its result kept as `name`.json."""
+        out = self.scratch / f"{name}-{setup.tag}.json"
+        return _load(url, self.patients_file, out, load, setup.mix, _protocol(setup), record)
+
+
+def run_engine(bench: Bench, setup: Setup, record: Path | None = None) -> dict:
     """One engine under one load: its figures, server CPU per call over the measured window and (case-env)
     how its response cache answered. `record` keeps each tool's first answer for the floor."""
-    setup = Setup(engine, mix, response_cache)
-    page_in(_data_directories(data_root))
-    with serving(setup, data_root, scratch, workers, cache_mb) as server:
-        protocol = PROTOCOL.get(engine, "case-env")
+    page_in(_data_directories(bench.data_root))
+    with bench.serving(setup) as server:
         with Sampler(psutil.Process(server.pid)) as sampler:
-            result = _load(
-                server.url, patients_file, scratch / f"load-{setup.tag}.json", load, mix, protocol, record
-            )
+            result = bench.load_on(server.url, setup, "load", bench.load, record)
         cpu = sampler.cpu_between(*result["window"])
-        result.update(_after(setup, server.url, patients_file, scratch))
-    return _figures(setup, result, cpu, sampler, workers)
+        result.update(_after(bench, setup, server.url))
+    return _figures(setup, result, cpu, sampler, bench.workers)
 
 
-def run_paired(
-    setups: list[Setup],
-    data_root: Path,
-    patients_file: Path,
-    scratch: Path,
-    load: Load,
-    workers: int,
-    cache_mb: int | None,
-    rounds: int = 4,
-) -> dict[str, dict]:
+def run_paired(bench: Bench, setups: list[Setup], rounds: int = 4) -> dict[str, dict]:
     """Several engines under the same load in turns: every server up at once, each measured for a share of
     the duration in each round, the order rotated from round to round. This machine's speed drifts by tens
     of percent within a minute (issue 19: the same case-env cheap call cost 0.183 and 0.235 ms in runs a
@@ -168,26 +164,26 @@ def run_paired(
     drift as much as the engines; in turns, each engine sees the same spread of the machine's states. Server
     CPU is read from the process tree before and after each turn; latency percentiles are the median of
     the rounds'."""
-    page_in(_data_directories(data_root))
+    load = bench.load
+    page_in(_data_directories(bench.data_root))
     share = Load(load.rollouts, load.duration / rounds, 0.0, load.think_ms, load.group_size)
+    warm = Load(load.rollouts, max(load.warmup, 1.0), 0.0, load.think_ms, load.group_size)
     with contextlib.ExitStack() as stack:
-        servers = {s: stack.enter_context(serving(s, data_root, scratch, workers, cache_mb)) for s in setups}
+        servers = {s: stack.enter_context(bench.serving(s)) for s in setups}
         samplers = {s: Sampler(psutil.Process(server.pid)) for s, server in servers.items()}
         for s, server in servers.items():  # the warm-up, unmeasured
-            warm = Load(load.rollouts, max(load.warmup, 1.0), 0.0, load.think_ms, load.group_size)
-            _load(server.url, patients_file, scratch / f"warm-{s.tag}.json", warm, s.mix, _protocol(s), None)
+            bench.load_on(server.url, s, "warm", warm)
         turns: dict[Setup, list[tuple[dict, float]]] = {s: [] for s in setups}
         for round_ in range(rounds):
             for s in setups[round_ % len(setups) :] + setups[: round_ % len(setups)]:
                 before = samplers[s].cpu_seconds()
-                out = scratch / f"load-{s.tag}-{round_}.json"
-                result = _load(servers[s].url, patients_file, out, share, s.mix, _protocol(s), None)
+                result = bench.load_on(servers[s].url, s, f"load-{round_}", share)
                 turns[s].append((result, samplers[s].cpu_seconds() - before))
                 samplers[s].note_memory()
         figures = {}
         for s, server in servers.items():
             result = merged_turns([r for r, _ in turns[s]], load.rollouts)
-            result.update(_after(s, server.url, patients_file, scratch))
+            result.update(_after(bench, s, server.url))
             result["rounds"] = [
                 {
                     "calls_per_s": r["calls_per_s"],
@@ -195,7 +191,7 @@ def run_paired(
                 }
                 for r, c in turns[s]
             ]
-            figures[s] = _figures(s, result, sum(c for _, c in turns[s]), samplers[s], workers)
+            figures[s] = _figures(s, result, sum(c for _, c in turns[s]), samplers[s], bench.workers)
     return {_run_name(s): f for s, f in figures.items()}
 
 
@@ -216,18 +212,17 @@ def _data_directories(data_root: Path) -> list[Path]:
     return [data_root, cache_dir / "decoded", cache_dir / "derived"]
 
 
-def _after(setup: Setup, url: str, patients_file: Path, scratch: Path) -> dict:
+def _after(bench: Bench, setup: Setup, url: str) -> dict:
     """What a run reads once its load is over: (case-env) how the response cache answered, and one rollout
     alone, once the backlog has drained: each tool's service time without queueing."""
-    ours = setup.engine in CASE_ENV_APPS
     extra: dict = {}
-    if ours:
+    if setup.engine in CASE_ENV_APPS:
         extra["response_cache_hit_rate"] = _response_cache(url) if setup.response_cache else 0.0
         _drain(url)
     probe = _load(
         url,
-        patients_file,
-        scratch / f"probe-{setup.tag}.json",
+        bench.patients_file,
+        bench.scratch / f"probe-{setup.tag}.json",
         PROBE,
         setup.mix,
         _protocol(setup),
@@ -426,10 +421,10 @@ def run_server_bench(
         patients_file = scratch / "patients.txt"
         patients_file.write_text("".join(f"{p}\n" for p in index.patient_ids()))
 
+        bench = Bench(data_root, patients_file, scratch, load, workers, cache_mb)
+
         def run(engine: str, mix: str, cache: bool = True, record: Path | None = None) -> dict:
-            return run_engine(
-                engine, data_root, patients_file, scratch, load, workers, cache_mb, mix, cache, record
-            )
+            return run_engine(bench, Setup(engine, mix, cache), record)
 
         runs = {"case-env": run("case-env", "episode", record=scratch / "answers")}
         runs["case-env/no-cache"] = run("case-env", "episode", cache=False)
@@ -437,8 +432,7 @@ def run_server_bench(
             runs[baseline] = run(baseline, "episode")
         # the cheap mix carries the ratio to the floor: its engines in turns (`run_paired`)
         cheap = [Setup("case-env", "cheap"), Setup("case-env", "cheap", False)]
-        cheap += [Setup(b, "cheap") for b in baselines]
-        runs.update(run_paired(cheap, data_root, patients_file, scratch, load, workers, cache_mb))
+        runs.update(run_paired(bench, cheap + [Setup(b, "cheap") for b in baselines]))
         runs["case-env/render/no-cache"] = run("case-env", "render", cache=False)
         if "openenv" in baselines:  # the same render code behind OpenEnv's step
             runs["openenv/render"] = run("openenv", "render")
