@@ -21,7 +21,7 @@ def test_the_table_agrees_with_a_dictionary_under_colliding_hashes(monkeypatch):
     """Claims, touches, expiry and evictions against a plain model, with hashes that put every episode in
     one of five home slots near the end of the table, so runs are long and wrap around its end: a deletion
     that shifted the wrong entry back would leave one unreachable."""
-    monkeypatch.setattr(bindings_module, "_hash", lambda episode: 59 + len(episode) % 5)
+    monkeypatch.setattr(bindings_module, "_hash", lambda episode, key: 59 + len(episode) % 5)
     rng = random.Random(7)
     table = Bindings(None, max_episodes=20)  # 64 slots
     model: dict[str, tuple[str, float]] = {}  # episode -> (patient, last seen)

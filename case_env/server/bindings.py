@@ -11,11 +11,12 @@ The table is the authority on which episodes are live: a claim binds an unknown 
 episode seen, `expire` drops the idle ones and the least recently seen beyond the cap, and says which, so
 the episode log (`episodes.py`) can forget them too.
 
-Layout: one header page (magic, version, slot size, slot count, live count), then `capacity` slots of 224
-bytes: state (0 empty, 1 bound), the lengths of the two ids, a 64-bit hash of the episode id, the times the
-episode was bound and last seen, the episode id (128 bytes at most, `EPISODE_ID_PATTERN`) and the patient
-id (64). Linear probing; a deletion shifts the following run back (Knuth's algorithm R), so no tombstones
-pile up and a lookup ends at the first empty slot.
+Layout: one header page (magic and version, slot size, slot count, the live and deletion counts, a random
+hash key), then `capacity` slots of 224 bytes: state (0 empty, 1 bound), the lengths of the two ids, a
+64-bit keyed hash of the episode id, the times the episode was bound and last seen, the episode id (128
+bytes at most, `EPISODE_ID_PATTERN`) and the patient id (64). Linear probing; a deletion shifts the
+following run back (Knuth's algorithm R), so no tombstones pile up and a lookup ends at the first empty
+slot.
 
 Crash safety: every change happens under the lock (`flock`, released by the kernel when its holder dies), and
 a claim writes the slot's state byte after its contents, so a worker killed mid-claim leaves the slot empty.
@@ -33,8 +34,8 @@ from pathlib import Path
 
 import numpy as np
 
-MAGIC = b"CEBIND01"
-_HEADER = struct.Struct("<8sIIQQQ")  # magic, slot size, reserved, capacity, live, deletions
+MAGIC = b"CEBIND02"
+_HEADER = struct.Struct("<8sIIQQQ16s")  # magic, slot size, reserved, capacity, live, deletions, hash key
 _COUNT = struct.Struct("<Q")
 _LIVE, _DELETIONS = 24, 32  # offsets of the two counters in the header
 _HEADER_BYTES = mmap.PAGESIZE
@@ -52,9 +53,10 @@ _EMPTY = bytes(_SLOT.size)
 LOAD = 2  # slots per episode allowed by the cap: linear probing stays short below half full
 
 
-def _hash(episode: bytes) -> int:
-    """The same in every worker (Python's own `hash` of a str is salted per process)."""
-    return int.from_bytes(hashlib.blake2b(episode, digest_size=8).digest(), "little")
+def _hash(episode: bytes, key: bytes) -> int:
+    """The same in every worker of a file (Python's own `hash` of a str is salted per process), keyed by the
+    file's random key, so a client cannot choose episode ids that all probe from one slot."""
+    return int.from_bytes(hashlib.blake2b(episode, digest_size=8, key=key).digest(), "little")
 
 
 class Bindings:
@@ -71,7 +73,7 @@ class Bindings:
         if path is None:
             self.capacity = wanted
             self._map = mmap.mmap(-1, _HEADER_BYTES + wanted * _SLOT.size)
-            _HEADER.pack_into(self._map, 0, MAGIC, _SLOT.size, 0, wanted, 0, 0)
+            _HEADER.pack_into(self._map, 0, MAGIC, _SLOT.size, 0, wanted, 0, 0, os.urandom(16))
         else:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
@@ -81,6 +83,7 @@ class Bindings:
             finally:
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
         self._mask = self.capacity - 1
+        self._key = _HEADER.unpack_from(self._map, 0)[6]
         self._slots = np.frombuffer(self._map, _SLOT_DTYPE, self.capacity, _HEADER_BYTES)
         if self._fd is not None:
             with self:
@@ -93,14 +96,14 @@ class Bindings:
         assert self._fd is not None
         size = os.fstat(self._fd).st_size
         if size >= _HEADER_BYTES:
-            magic, slot, _, capacity, _, _ = _HEADER.unpack(os.pread(self._fd, _HEADER.size, 0))
+            magic, slot, _, capacity, _, _, _ = _HEADER.unpack(os.pread(self._fd, _HEADER.size, 0))
             whole = size == _HEADER_BYTES + capacity * _SLOT.size
             if magic == MAGIC and slot == _SLOT.size and whole and capacity >= wanted:
                 self._map = mmap.mmap(self._fd, size)
                 return capacity
         os.ftruncate(self._fd, 0)  # a sparse file of zeros: every slot empty
         os.ftruncate(self._fd, _HEADER_BYTES + wanted * _SLOT.size)
-        os.pwrite(self._fd, _HEADER.pack(MAGIC, _SLOT.size, 0, wanted, 0, 0), 0)
+        os.pwrite(self._fd, _HEADER.pack(MAGIC, _SLOT.size, 0, wanted, 0, 0, os.urandom(16)), 0)
         self._map = mmap.mmap(self._fd, _HEADER_BYTES + wanted * _SLOT.size)
         return wanted
 
@@ -140,7 +143,7 @@ class Bindings:
             raise ValueError(
                 f"{what} id of {length} characters; a binding holds {_EPISODE_BYTES} and {_PATIENT_BYTES}"
             )
-        key = _hash(episode)
+        key = _hash(episode, self._key)
         with self:
             index, found = self._find(episode, key)
             if found is not None:
@@ -160,7 +163,7 @@ class Bindings:
         """(patient, bound at, last seen) of a bound episode, or None."""
         episode = episode_id.encode("ascii")
         with self:
-            index, found = self._find(episode, _hash(episode))
+            index, found = self._find(episode, _hash(episode, self._key))
             if found is None:
                 return None
             _, _, _, _, created, seen, _, _ = _SLOT.unpack_from(self._map, self._offset(index))
@@ -172,7 +175,7 @@ class Bindings:
         with self:
             for episode_id, now in seen.items():
                 episode = episode_id.encode("ascii")
-                index, found = self._find(episode, _hash(episode))
+                index, found = self._find(episode, _hash(episode, self._key))
                 if found is not None:
                     offset = self._offset(index) + _SEEN
                     if _SLOT_SEEN.unpack_from(self._map, offset)[0] < now:
@@ -241,7 +244,7 @@ class Bindings:
         """Empty an episode's slot and shift back the run after it, so every episode stays reachable from
         its home slot without passing an empty one."""
         episode = episode_id.encode("ascii")
-        hole, found = self._find(episode, _hash(episode))
+        hole, found = self._find(episode, _hash(episode, self._key))
         if found is None:
             return
         index = hole
