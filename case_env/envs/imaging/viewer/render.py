@@ -105,8 +105,27 @@ def volume_window(samples: list[np.ndarray], low_pct: float = 0.5, high_pct: flo
 
 
 def to_uint8(values: np.ndarray, window: Window) -> np.ndarray:
-    """Window to 0-255, truncating: (value - low) * 255 / (high - low) in float32, clipped. Ufuncs with
-    `out=` rather than `np.clip`, whose Python wrapper cost as much as the arithmetic on a slice."""
+    """Window to 0-255, truncating: (value - low) * 255 / (high - low) in float32, clipped. Integer voxels of
+    one or two bytes (MRI is stored as int16 or uint16) go through a table of that formula over every
+    possible value, built once per window: one gather instead of five passes over a strided slice, 2 to 2.4
+    times faster and the same bytes (issue 19; `tests/test_render_fast_paths.py`)."""
+    if values.dtype.kind in "iu" and values.dtype.itemsize <= 2 and values.dtype.isnative:
+        unsigned = values.view(f"u{values.dtype.itemsize}")  # the same bits, so valid table indices
+        return np.take(_window_table(window, values.dtype.str), unsigned)
+    return _to_uint8_arithmetic(values, window)
+
+
+@functools.lru_cache(maxsize=64)  # 64 KB a table: at most 4 MB per worker
+def _window_table(window: Window, dtype: str) -> np.ndarray:
+    """to_uint8 of every value of an integer dtype of one or two bytes, indexed by its unsigned bits."""
+    bits = np.dtype(dtype).itemsize * 8
+    every = np.arange(2**bits, dtype=f"u{bits // 8}").view(dtype)
+    return _to_uint8_arithmetic(every, window)
+
+
+def _to_uint8_arithmetic(values: np.ndarray, window: Window) -> np.ndarray:
+    """to_uint8 by arithmetic. Ufuncs with `out=` rather than `np.clip`, whose Python wrapper cost as much as
+    the arithmetic on a slice."""
     out = np.subtract(values, np.float32(window.low), dtype=np.float32)  # reads a strided slice once
     out *= np.float32(255.0 / (window.high - window.low))
     np.maximum(out, 0, out=out)
@@ -220,19 +239,24 @@ def _free_levels(
     unused = levels[((levels < span[0]) | (levels > span[-1])) & (counts[:255] == 0)]
     if len(unused) >= count:
         return unused[:count], gray.copy()
-    freed = [int(level) for level in unused]
+    freed = unused.tolist()
     taken = set(freed)
-    rarest = [int(level) for level in np.argsort(counts[:255], kind="stable") if level not in taken]
+    rarest = np.argsort(counts[:255], kind="stable").tolist()
     # first with both neighbours kept, so each moved pixel moves one level; then, only with more outline
-    # colours than half the levels, any of the rest (their pixels take the nearest kept level)
+    # colours than half the levels, any of the rest (their pixels take the nearest kept level). The bench
+    # data take this path in a third of the overlays (a window's clipping fills the range): stopping once
+    # `count` levels are found halved its time (issue 19)
     for spaced in (True, False):
         for level in rarest:
-            spacing_kept = not spaced or taken.isdisjoint((level - 1, level + 1))
-            if len(freed) < count and level not in taken and spacing_kept:
+            if len(freed) == count:
+                break
+            if level not in taken and (not spaced or taken.isdisjoint((level - 1, level + 1))):
                 freed.append(level)
                 taken.add(level)
     freed_levels = np.array(freed)
-    kept = np.setdiff1d(np.arange(256), freed_levels)
+    keep = np.ones(256, bool)
+    keep[freed_levels] = False
+    kept = np.flatnonzero(keep)
     lut = np.arange(256, dtype=np.uint8)
     lut[freed_levels] = kept[np.abs(kept[None, :] - freed_levels[:, None]).argmin(axis=1)]
     return freed_levels, cv2.LUT(gray, lut)
