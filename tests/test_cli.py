@@ -138,12 +138,15 @@ def test_bench_server_measures_case_env_against_every_baseline(dataset, tmp_path
         assert cheap["throughput"] == round(
             runs["case-env/cheap"]["calls_per_s"] / runs[f"{baseline}/cheap"]["calls_per_s"], 2
         )
-    # the cheap mix ran in turns: four rounds per engine, their calls summed, every engine in every round
-    for name in ("case-env/cheap", "case-env/cheap/no-cache", "naive/cheap", "openenv/cheap", "floor/cheap"):
+    # the cheap and render mixes ran in turns: four rounds per engine, their calls summed, every engine in
+    # every round; the episode mix one engine after the other
+    paired = ("case-env/cheap", "case-env/cheap/no-cache", "naive/cheap", "openenv/cheap", "floor/cheap")
+    for name in (*paired, "case-env/render/no-cache", "openenv/render"):
         rounds = runs[name]["rounds"]
         assert len(rounds) == 4 and all(r["calls_per_s"] > 0 for r in rounds), name
-        assert runs[name]["latency_ms"]["list_visits"]["n"] == runs[name]["calls"]
-    assert "rounds" not in runs["case-env"] and "rounds" not in runs["case-env/render/no-cache"]
+        tool = "render_slice" if name.endswith(("render", "render/no-cache")) else "list_visits"
+        assert runs[name]["latency_ms"][tool]["n"] == runs[name]["calls"]
+    assert "rounds" not in runs["case-env"] and "rounds" not in runs["case-env/no-cache"]
     assert figures["ratio_vs_naive"]["episode"]["unloaded_episode"] > 1  # decoding on every call is slower
     assert figures["ratio_vs_floor"]["episode"]["cpu_per_call"] > 1  # the floor does no work at all
     assert set(figures["met"]) == {
