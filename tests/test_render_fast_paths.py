@@ -251,21 +251,27 @@ def test_contours_are_the_pixels_with_a_different_neighbour():
 @pytest.mark.parametrize("dtype", ["int16", "uint16", "int8", "uint8", ">i2"])
 @pytest.mark.parametrize("window", [(0.0, 1.0), (3.2, 700.7), (-150.5, 40.25), (-40000.0, 70000.0)])
 def test_window_table_gives_the_arithmetics_bytes_for_every_value(dtype, window):
-    """to_uint8 through the per-window table (one- and two-byte integers in native order) against the float32
-    arithmetic it replaced: every value of the dtype, in a contiguous array and in a flipped, transposed
-    slice of a Fortran-ordered volume as take_slice gives; other dtypes keep the arithmetic."""
+    """to_uint8 (a per-window table for one- and two-byte integers in native order, arithmetic otherwise)
+    against the float32 formula written out here, as it stood before the table: every value of the dtype,
+    in a contiguous array and in a flipped, transposed slice of a Fortran-ordered volume as take_slice
+    gives, and the same values as float32."""
     win = render.Window(*window)
+
+    def formula(values: np.ndarray) -> np.ndarray:
+        scaled = (values.astype(np.float32) - np.float32(win.low)) * np.float32(255.0 / (win.high - win.low))
+        return np.clip(scaled, 0, 255).astype(np.uint8)
+
     info = np.iinfo(np.dtype(dtype))
     every = np.arange(info.min, info.max + 1).astype(dtype)
-    assert np.array_equal(render.to_uint8(every, win), render._to_uint8_arithmetic(every, win))
+    assert np.array_equal(render.to_uint8(every, win), formula(every))
     volume = np.asfortranarray(np.random.default_rng(1).choice(every, (37, 29, 23)))
     for plane in render.Plane:
         raw = render.take_slice(volume, plane, 11)
         fast = render.to_uint8(raw, win)
         assert fast.dtype == np.uint8 and fast.flags.c_contiguous
-        assert np.array_equal(fast, render._to_uint8_arithmetic(raw, win)), plane
+        assert np.array_equal(fast, formula(raw)), plane
     floats = every.astype(np.float32)
-    assert np.array_equal(render.to_uint8(floats, win), render._to_uint8_arithmetic(floats, win))
+    assert np.array_equal(render.to_uint8(floats, win), formula(floats))
 
 
 @pytest.mark.parametrize("shape", [(0,), (1, 1), (348, 448), (50, 7)])

@@ -138,10 +138,18 @@ class Bench:
     def serving(self, setup: Setup):
         return _serving(setup, self.data_root, self.scratch, self.workers, self.cache_mb)
 
-    def load_on(self, url: str, setup: Setup, name: str, load: Load, record: Path | None = None) -> dict:
+    def load_on(
+        self,
+        url: str,
+        setup: Setup,
+        name: str,
+        load: Load,
+        record: Path | None = None,
+        episodes: int | None = None,
+    ) -> dict:
         """The load generator on `url` with `setup`'s mix, its result kept as `name`.json."""
         out = self.scratch / f"{name}-{setup.tag}.json"
-        return _load(url, self.patients_file, out, load, setup.mix, _protocol(setup), record)
+        return _load(url, self.patients_file, out, load, setup.mix, _protocol(setup), record, episodes)
 
 
 def run_engine(bench: Bench, setup: Setup, record: Path | None = None) -> dict:
@@ -219,16 +227,7 @@ def _after(bench: Bench, setup: Setup, url: str) -> dict:
     if setup.engine in CASE_ENV_APPS:
         extra["response_cache_hit_rate"] = _response_cache(url) if setup.response_cache else 0.0
         _drain(url)
-    probe = _load(
-        url,
-        bench.patients_file,
-        bench.scratch / f"probe-{setup.tag}.json",
-        PROBE,
-        setup.mix,
-        _protocol(setup),
-        None,
-        PROBE_EPISODES,
-    )
+    probe = bench.load_on(url, setup, "probe", PROBE, episodes=PROBE_EPISODES)
     extra["unloaded_ms"] = {tool: f["mean"] for tool, f in probe["latency_ms"].items()}
     extra["unloaded_episode_ms"] = _episode_ms(probe) if setup.mix == "episode" else None
     return extra
@@ -436,7 +435,9 @@ def run_server_bench(
         # the render mix in turns as well: run one after the other, the ratio of case-env's render to the
         # same render code behind OpenEnv's step ranged 0.59-0.93 over three runs of one commit (issue 19)
         render = [Setup("case-env", "render", False)]
-        runs.update(run_paired(bench, render + [Setup("openenv", "render")] * ("openenv" in baselines)))
+        if "openenv" in baselines:  # the same render code behind OpenEnv's step
+            render.append(Setup("openenv", "render"))
+        runs.update(run_paired(bench, render))
     ratios = {baseline: ratios_vs(runs, baseline) for baseline in baselines}
     result = {
         "benchmark": "server",
