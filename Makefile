@@ -18,7 +18,7 @@ DEMO_CLINIC   ?= data/clinic
 DEMO_REASON   ?= data/casereason
 DEMO_REAL     ?= data/ukb
 
-.PHONY: demo demo-real test reliability lint format bench-data clean browser
+.PHONY: demo demo-real test reliability lint format bench-data clean browser train-env
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -68,6 +68,44 @@ demo-real: $(STAMP)
 	$(BIN)/case-env bank build --data-root $(DEMO_REAL)/root --clinical $(DEMO_ROOT)/phenotype/diagnoses.tsv \
 		--out $(DEMO_REAL)/bank --seed $(DEMO_SEED)
 	$(BIN)/case-env rollouts --bank $(DEMO_REAL)/bank --split train --data-root $(DEMO_REAL)/root --per-source 8
+
+# The GPU training venv (README, "Training on GPUs"), apart from .venv: verl 0.9.1 with its own engine extra,
+# which pins the engine and a CUDA 13.0 build of torch (vllm 0.24.0 or sglang 0.5.12, with torch 2.11.0), then
+# flash-attn 2.8.3 (verl's fsdp extra; verl loads models with flash_attention_2), then case-env. verl's own uv
+# setup takes flash-attn as a prebuilt wheel for CUDA 13.0 and torch 2.11 from mjun0812's
+# flash-attention-prebuild-wheels, release v0.9.4 (docs/sources.md, verl 0.9.1), which pip cannot be told
+# through verl's extras; train-env installs that wheel for the venv's Python (verl's lock is cp312), or builds
+# flash-attn from source with FLASH_ATTN=source (20-30 min on 32 cores, nvcc needed). It downloads several GB
+# of CUDA wheels, so it refuses a machine without nvidia-smi unless ALLOW_NO_GPU=1 (a login node building the
+# venv for its GPU nodes).
+ENGINE       ?= vllm
+TRAIN_VENV   ?= .venv-train-$(ENGINE)
+FLASH_ATTN   ?= wheel
+VERL_ENGINES := vllm sglang
+FLASH_ATTN_WHEELS := https://github.com/mjun0812/flash-attention-prebuild-wheels/releases/download/v0.9.4
+
+train-env:
+	@case " $(VERL_ENGINES) " in *" $(ENGINE) "*) ;; *) \
+		echo "error: ENGINE=$(ENGINE): choose one of $(VERL_ENGINES)" >&2; exit 2;; esac
+	@command -v nvidia-smi >/dev/null || [ "$(ALLOW_NO_GPU)" = 1 ] || { \
+		echo "error: no nvidia-smi here: train-env downloads CUDA builds of torch and $(ENGINE) for a GPU" \
+			"machine (ALLOW_NO_GPU=1 builds it anyway)" >&2; exit 2; }
+	$(PYTHON) -m venv $(TRAIN_VENV)
+	$(TRAIN_VENV)/bin/python -m pip install --quiet --upgrade pip wheel packaging ninja psutil
+	$(TRAIN_VENV)/bin/python -m pip install 'verl[$(ENGINE)]==0.9.1'
+	@abi=$$($(TRAIN_VENV)/bin/python -c 'import sys; print("cp%d%d" % sys.version_info[:2])'); \
+	if [ "$(FLASH_ATTN)" = source ]; then \
+		echo "$(TRAIN_VENV)/bin/python -m pip install --no-build-isolation 'flash-attn==2.8.3'"; \
+		$(TRAIN_VENV)/bin/python -m pip install --no-build-isolation 'flash-attn==2.8.3'; \
+	else \
+		wheel="$(FLASH_ATTN_WHEELS)/flash_attn-2.8.3+cu130torch2.11-$$abi-$$abi-linux_x86_64.whl"; \
+		echo "$(TRAIN_VENV)/bin/python -m pip install $$wheel"; \
+		$(TRAIN_VENV)/bin/python -m pip install "$$wheel" || { echo "error: could not install flash-attn for" \
+			"$$abi from $$wheel (verl's lock is cp312: PYTHON=python3.12; no way to GitHub: FLASH_ATTN=source)" >&2; \
+			exit 1; }; \
+	fi
+	$(TRAIN_VENV)/bin/python -m pip install -e '.[verl]'
+	@echo "train-env: $(TRAIN_VENV) ready; next: PYTHON=$(TRAIN_VENV)/bin/python scripts/train_grpo.sh --dry-run ..."
 
 test: $(STAMP) lint browser
 	$(BIN)/python -m pytest

@@ -34,11 +34,25 @@ bench_app = typer.Typer(
     help="Benchmarks (figures are ratios and timings measured in one run).", no_args_is_help=True
 )
 traj_app = typer.Typer(help="Work with recorded trajectories.", no_args_is_help=True)
+train_app = typer.Typer(
+    help="Training on GPUs with verl: check a run before it starts, then start it.", no_args_is_help=True
+)
 app.add_typer(data_app, name="data")
 app.add_typer(bank_app, name="bank")
 app.add_typer(bench_app, name="bench")
 app.add_typer(traj_app, name="traj")
-GROUPS = {"root": app, "data": data_app, "bank": bank_app, "bench": bench_app, "traj": traj_app}
+app.add_typer(train_app, name="train")
+GROUPS = {
+    "root": app,
+    "data": data_app,
+    "bank": bank_app,
+    "bench": bench_app,
+    "traj": traj_app,
+    "train": train_app,
+}
+# `case-env train` passes its arguments to the launcher's own parser (scripts/train_grpo.sh takes the same),
+# whose --help lists them; unknown ones are Hydra overrides for verl
+_LAUNCHER_ARGS = {"allow_extra_args": True, "ignore_unknown_options": True}
 
 
 def _fail(message: str, code: int = 1) -> None:
@@ -89,17 +103,6 @@ options_command(
     lambda env: env.synth_options,
     _synth,
 )
-
-
-def _is_loopback(host: str) -> bool:
-    import ipaddress
-
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False  # a host name may resolve anywhere: treat it as exposed
 
 
 def _case_files(cases: list[str]) -> dict[str, str]:
@@ -155,6 +158,7 @@ def serve(
 
     import uvicorn
 
+    from case_env.server.control import is_loopback
     from case_env.server.http import PROTOCOL
     from case_env.server.settings import ServerSettings
     from case_env.settings import DataSettings
@@ -174,7 +178,7 @@ def serve(
     os.environ.update(_case_files(cases or []))
     settings = ServerSettings()
     data = DataSettings()
-    if not _is_loopback(settings.host) and settings.token is None:
+    if not is_loopback(settings.host) and settings.token is None:
         _fail(
             f"refusing to listen on {settings.host} without a token: set CASE_ENV_TOKEN (or bind 127.0.0.1)",
             2,
@@ -316,6 +320,22 @@ def rollouts(
                 f"{source:18s} {s.n:4d} {s.reward / s.n:12.2f} {s.correct / s.n:9.2f} {s.format_ok / s.n:10.2f} "
                 f"{s.tool_calls / s.n:11.1f} {s.infra_errors:13d}"
             )
+
+
+@train_app.command("preflight", context_settings=_LAUNCHER_ARGS, add_help_option=False)
+def train_preflight(ctx: typer.Context) -> None:
+    """Check a training run before it starts (exit 2 when a check fails; --help lists the options)."""
+    from case_env.verl import launch
+
+    raise typer.Exit(launch.main(ctx.args, preflight_only=True))
+
+
+@train_app.command("run", context_settings=_LAUNCHER_ARGS, add_help_option=False)
+def train_run(ctx: typer.Context) -> None:
+    """Start a GRPO run on verl after the preflight, as scripts/train_grpo.sh does (--help: options)."""
+    from case_env.verl import launch
+
+    raise typer.Exit(launch.main(ctx.args))
 
 
 @app.command("eval")

@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
-# GRPO with multi-turn tools on verl 0.9.1 against a case-env server.
+# GRPO with multi-turn tools on verl 0.9.1 against a case-env server (README, "Training on GPUs").
 #
-#   scripts/train_grpo.sh --model Qwen/Qwen2.5-VL-7B-Instruct --data bank/ [--recipe grpo|medexagent] [--server-url URL]
-#                         [--gpus 8] [--nodes 1] [--data-root data/synthetic] [--dry-run] [extra hydra overrides]
+#   scripts/train_grpo.sh --model Qwen/Qwen2.5-VL-7B-Instruct --data bank/ [--recipe grpo|medexagent]
+#                         [--gpus 8] [--nodes 1] [--server-url URL] [--server-host 0.0.0.0] [--token-file F]
+#                         [--data-root data/synthetic] [--chat-template auto|model|shipped|FILE]
+#                         [--checkpoint-dir DIR | --no-checkpoints] [--skip-preflight] [--dry-run]
+#                         [extra hydra overrides]
 #
-# Starts `case-env serve` when nothing answers at --server-url and stops it afterwards. --dry-run composes
-# the full config with verl's Hydra files, validates it on CPU and exits. Budgets (tool text 2048 characters,
-# about 110-200 vision tokens per image, 16384 response tokens) are explained in case_env/verl/launch.py.
+# Starts `case-env serve` when nothing answers at --server-url (sized to the step, stopped afterwards), runs
+# `case-env train preflight` and starts verl's main_ppo only when every check passes. --dry-run prints the
+# preflight table (the checks that need a server and a cluster skipped) and the whole composed config,
+# validated by verl on CPU, and starts nothing. PYTHON picks the interpreter: the venv of
+# `make train-env ENGINE=vllm|sglang` on a GPU machine. Budgets (tool text 2048 characters, about 110-200
+# vision tokens per image, 16384 response tokens) are explained in case_env/verl/launch.py.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-exec "${PYTHON:-.venv/bin/python}" -m case_env.verl.launch "$@"
+# paths stay relative to the caller's directory; only the default interpreter is found beside the script
+exec "${PYTHON:-$(dirname "$0")/../.venv/bin/python}" -m case_env.verl.launch "$@"

@@ -24,6 +24,30 @@ def dataset(tmp_path_factory) -> Path:
     return root
 
 
+@pytest.fixture(scope="session")
+def qwen2_5_vl(tmp_path_factory) -> Path:
+    """Qwen2.5-VL's files as published, without weights: Qwen's tokenizer with no chat template of its own and
+    the processor's template, which renders no tools (tests/qwen_models.py)."""
+    from tests import qwen_models
+
+    return qwen_models.model_dir(
+        tmp_path_factory.mktemp("models") / "qwen2_5_vl",
+        "qwen2_5_vl",
+        processor_template=qwen_models.STOCK_QWEN2_5_VL,
+    )
+
+
+@pytest.fixture(scope="session")
+def qwen3(tmp_path_factory) -> Path:
+    """A Qwen3 text model whose own template renders tools (case-env's, whose tool block is Qwen3's)."""
+    from case_env.verl.chat_templates import FAMILIES, template
+    from tests import qwen_models
+
+    return qwen_models.model_dir(
+        tmp_path_factory.mktemp("models") / "qwen3", "qwen3", template=template(FAMILIES["qwen3"])
+    )
+
+
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path, monkeypatch):
     """Derived data of every test goes to a temporary cache directory, never to ~/.cache."""

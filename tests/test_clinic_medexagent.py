@@ -366,7 +366,7 @@ def test_the_medexagent_recipe_composes_and_validates_against_verls_config(tmp_p
     assert "dry run: config composed and validated" in capsys.readouterr().out
     args, extra = launch.parse(argv)
     args.tool_config = grpo_tools = launch.bank_tool_config(tmp_path / "bank")
-    config = launch.compose(launch.overrides(args, extra))
+    config = launch.compose(launch.Plan(args, extra).overrides())
     actor, rollout = config.actor_rollout_ref.actor, config.actor_rollout_ref.rollout
     assert (actor.clip_ratio_low, actor.clip_ratio_high, actor.entropy_coeff) == (0.2, 0.3, 0.002)
     assert actor.use_kl_loss is False and config.algorithm.use_kl_in_reward is False
@@ -377,7 +377,7 @@ def test_the_medexagent_recipe_composes_and_validates_against_verls_config(tmp_p
     # the base recipe is unchanged beside it
     grpo_args, _ = launch.parse(argv[:1] + argv[3:])
     grpo_args.tool_config = grpo_tools
-    grpo = launch.compose(launch.overrides(grpo_args, []))
+    grpo = launch.compose(launch.Plan(grpo_args, []).overrides())
     assert grpo.actor_rollout_ref.actor.use_kl_loss is True and grpo.actor_rollout_ref.rollout.n == 8
     assert grpo.actor_rollout_ref.actor.clip_ratio_high == 0.2
 

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from verl.tools.schemas import OpenAIFunctionToolSchema
 from verl.tools.tool_registry import load_all_tools
 from verl.utils.dataset.rl_dataset import RLHFDataset
@@ -250,13 +251,21 @@ def test_launch_script_dry_run_composes_verls_config(bank):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "dry run: config composed and validated" in result.stdout
-    assert "adv_estimator: grpo" in result.stdout and "compute_score" in result.stdout
-    assert "agent loop: tool_agent" in result.stdout
-    # the model's tool-call format, and the tool YAML of the bank's environment written beside the bank
-    assert (
-        f"multi_turn.format=qwen3_coder multi_turn.tool_config_path={bank.resolve() / 'verl_tools.yaml'}"
-        in result.stdout
+    # the preflight table first, then the whole config as YAML
+    assert result.stdout.index("preflight: ") < result.stdout.index("actor_rollout_ref:")
+    config = yaml.safe_load(
+        result.stdout[result.stdout.index("actor_rollout_ref:") :].rsplit("dry run:", 1)[0]
     )
+    rollout = config["actor_rollout_ref"]["rollout"]
+    assert config["algorithm"]["adv_estimator"] == "grpo"
+    assert config["reward"]["custom_reward_function"]["name"] == "compute_score"
+    assert (
+        rollout["agent"]["default_agent_loop"] == "tool_agent"
+        and config["trainer"]["total_training_steps"] == 3
+    )
+    # the model's tool-call format, and the tool YAML of the bank's environment written beside the bank
+    assert rollout["multi_turn"]["format"] == "qwen3_coder"
+    assert rollout["multi_turn"]["tool_config_path"] == str(bank.resolve() / "verl_tools.yaml")
     assert (bank / "verl_tools.yaml").read_text() == render(registry.get("imaging"))
     missing = subprocess.run(
         [

@@ -31,7 +31,11 @@ class RetryPolicy(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     base_url: str = Field("http://127.0.0.1:8000", description="Where the case-env server listens.")
-    token_env: str = Field("CASE_ENV_TOKEN", description="Environment variable holding the bearer token.")
+    token_env: str = Field(
+        "CASE_ENV_TOKEN",
+        description="Environment variable holding the bearer token; where it is unset, the same name with "
+        "_FILE appended names a file holding it (a secret that must stay out of a job's printed config).",
+    )
     timeout_s: float = Field(30.0, gt=0, description="Timeout of one HTTP attempt.")
     deadline_s: float = Field(120.0, gt=0, description="Time budget of a call including all retries.")
     retries: int = Field(
@@ -88,10 +92,22 @@ def _seconds(value: str | None) -> float | None:
         return None
 
 
+def bearer_token(policy: RetryPolicy) -> str | None:
+    """The token from `token_env`, else from the file `<token_env>_FILE` names (first line, stripped)."""
+    token = os.environ.get(policy.token_env)
+    if token:
+        return token
+    path = os.environ.get(f"{policy.token_env}_FILE")
+    if not path:
+        return None
+    with open(path, encoding="utf-8") as handle:
+        return handle.readline().strip() or None
+
+
 class ToolClient:
     def __init__(self, policy: RetryPolicy, token: str | None = None):
         self.policy = policy
-        token = token if token is not None else os.environ.get(policy.token_env)
+        token = token if token is not None else bearer_token(policy)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         n = policy.max_concurrency
         limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)

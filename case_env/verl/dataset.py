@@ -1,8 +1,16 @@
-"""CaseRLHFDataset: verl's RLHFDataset for the CASE schema, whose `extra_info` is a JSON string.
+"""CaseRLHFDataset: verl's RLHFDataset for the CASE schema, whose `extra_info` is a JSON string, measuring
+each prompt as the rollout will render it.
 
 verl 0.9.1's `RLHFDataset.__getitem__` reads `extra_info` with `.get`, so it only accepts a struct; the
 CASE-Bench banks (and ours) store a JSON string, which also keeps Arrow from merging `tools_kwargs`
-structs across rows. This subclass decodes the string on access and changes nothing else. Select it with
+structs across rows. This subclass decodes the string on access.
+
+verl's prompt-length filter (`filter_overlong_prompts`) renders every prompt with *every* tool of the tool
+YAML, while `ToolAgentLoop` offers a row only its `extra_info.tool_selection`, in that order
+(verl/utils/dataset/rl_dataset.py, experimental/agent_loop/tool_agent_loop.py; docs/sources.md, verl 0.9.1).
+A clinic row offers 9 of 69 tools, so verl measured 31,432 characters where the rollout renders 7,581, and
+dropped every row of the bank at a 4,096-token limit. Here each row is measured with the tools the rollout
+offers it; the rendering is otherwise verl's. Select it with
 `data.custom_cls.path=<this file> data.custom_cls.name=CaseRLHFDataset`.
 """
 
@@ -12,6 +20,7 @@ import json
 from typing import Any
 
 from verl.utils.dataset.rl_dataset import RLHFDataset
+from verl.utils.tokenizer import build_multimodal_processor_inputs, normalize_token_ids
 
 
 class _DecodedRows:
@@ -33,7 +42,82 @@ class _DecodedRows:
         return getattr(self._dataframe, name)
 
 
+def extra_info(row: dict) -> dict:
+    extra = row.get("extra_info")
+    extra = json.loads(extra) if isinstance(extra, str) else extra
+    return extra if isinstance(extra, dict) else {}
+
+
 class CaseRLHFDataset(RLHFDataset):
     def _read_files_and_tokenize(self) -> None:
         super()._read_files_and_tokenize()
         self.dataframe = _DecodedRows(self.dataframe)
+
+    def raw_rows(self) -> Any:
+        """The rows as read from the files (extra_info still a JSON string), before any is yielded."""
+        dataframe = self.dataframe
+        return dataframe._dataframe if isinstance(dataframe, _DecodedRows) else dataframe
+
+    def offered_tools(self, row: dict) -> list[dict] | None:
+        """The tool schemas the rollout renders this row's prompt with: its `tool_selection` in that order
+        (tools the YAML lacks are left out), else every tool, as ToolAgentLoop chooses them."""
+        if self.tool_schemas is None:
+            return None
+        selection = extra_info(row).get("tool_selection")
+        if not selection:
+            return self.tool_schemas
+        by_name = {schema["function"]["name"]: schema for schema in self.tool_schemas}
+        return [by_name[name] for name in selection if name in by_name]
+
+    def prompt_tokens(self, row: dict) -> int:
+        """The row's prompt length in tokens, rendered as RLHFDataset renders it, with the row's own tools."""
+        kwargs = dict(self.apply_chat_template_kwargs)
+        tools = self.offered_tools(row)
+        if tools is not None:
+            kwargs["tools"] = tools
+        if self.processor is None:
+            for key in ("tokenize", "return_dict", "return_tensors"):
+                kwargs.pop(key, None)
+            ids = self.tokenizer.apply_chat_template(
+                row[self.prompt_key], add_generation_prompt=True, tokenize=True, **kwargs
+            )
+            return len(normalize_token_ids(ids))
+        messages = self._build_messages(row, key=self.prompt_key)
+        text = self.processor.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=False, **kwargs
+        )
+        images, videos, audios = self._process_multi_modal_info(messages, self.image_patch_size, self.config)
+        if images is None and videos is None and audios is None:
+            encoded = self.processor.tokenizer(
+                text=text, add_special_tokens=False, return_attention_mask=False
+            )
+            return len(encoded["input_ids"])
+        inputs = build_multimodal_processor_inputs(
+            self.processor,
+            text=[text],
+            images=images,
+            videos=videos,
+            audio=audios,
+            mm_processor_kwargs=self.mm_processor_kwargs,
+        )
+        return len(inputs["input_ids"][0])
+
+    def maybe_filter_out_long_prompts(self, dataframe: Any = None) -> Any:
+        if not self.filter_overlong_prompts:
+            return dataframe
+        limit = self.max_prompt_length
+
+        def fits(row: dict) -> bool:
+            try:
+                return self.prompt_tokens(row) <= limit
+            except Exception as exc:  # verl drops a row it cannot render; `case-env train preflight` names it
+                print(f"a row could not be rendered and is left out: {type(exc).__name__}: {exc}")
+                return False
+
+        kept = dataframe.filter(
+            fits,
+            num_proc=self.num_workers,
+            desc=f"Filtering prompts longer than {limit} tokens (each with its own tools)",
+        )
+        print(f"filter dataset len: {len(kept)}")
+        return kept

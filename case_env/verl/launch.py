@@ -1,9 +1,12 @@
 """GRPO with multi-turn tools on verl 0.9.1 against a case-env server (used by scripts/train_grpo.sh).
 
-Every override below composes against verl 0.9.1's `ppo_trainer` config (docs/sources.md, verl 0.9.1): `actor_rollout_ref.rollout.multi_turn.*` for tools, `agent.default_agent_loop=tool_agent`, the reward
-under `reward.custom_reward_function.*` (the legacy top-level keys are ignored by main_ppo), and the CASE
-dataset class for JSON `extra_info`. `--dry-run` composes the whole config with verl's own Hydra files
-and runs verl's `validate_config` on CPU, then exits; nothing is started.
+Every override below composes against verl 0.9.1's `ppo_trainer` config (docs/sources.md, verl 0.9.1):
+`actor_rollout_ref.rollout.multi_turn.*` for tools, `agent.default_agent_loop=tool_agent`, the reward under
+`reward.custom_reward_function.*` (the legacy top-level keys are ignored by main_ppo), the CASE dataset class
+for JSON `extra_info` and per-row prompt lengths, the chat template when the model's own renders no tools,
+checkpoints and validation, and the server's URL and token in the Ray job's environment so that workers on
+every node reach it. Before anything starts, `case-env train preflight` (case_env/verl/preflight.py) checks
+the run; `--dry-run` prints its table and the whole composed config, and starts nothing.
 
 Token budget: tool text is cut at 2048 characters (`max_tool_response_length`, characters not tokens);
 images are never cut and count against `data.max_response_length`: a 448 x 348 slice costs about 200
@@ -16,24 +19,29 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
+
+import httpx
 
 import case_env.reward
 import case_env.verl.dataset as case_dataset
 from case_env.core import registry
 from case_env.core.bank import bank_sources
 from case_env.core.calls import FORMATS
-from case_env.server.control import ensure_server
+from case_env.server.control import Sizing, ensure_server, is_loopback, stop
 from case_env.verl.config import write
 
 # A recipe is the overrides that differ from the base recipe (`grpo`, ours). `medexagent` is MedExAgent's RL
-# run (config/rl_config.yaml; docs/sources.md, MedExAgent): "DAPO" there is GRPO with clip-higher (0.2 / 0.3),
-# no KL term, entropy bonus 0.002, 16 samples per prompt at temperature 1.0, lr 1e-6, batch 64, one epoch,
-# SGLang, a 4,096-token prompt and a 16,384-token response, at most 20 assistant and 15 user turns. verl
-# counts every tool response as a user turn, and the patient is a tool here, so its 15 bounds questions and
-# exams together where MedExAgent's bounded the patient's replies alone.
+# run (config/rl_config.yaml and train/rl/run.py; docs/sources.md, MedExAgent): "DAPO" there is GRPO with
+# clip-higher (0.2 / 0.3), no KL term, entropy bonus 0.002, 16 samples per prompt at temperature 1.0, lr 1e-6,
+# batch 64, one epoch, SGLang, a 4,096-token prompt and a 16,384-token response, at most 20 assistant and 15
+# user turns, a checkpoint every 200 steps and no validation (`disable_eval: true`: val_before_train False,
+# test_freq -1). verl counts every tool response as a user turn, and the patient is a tool here, so its 15
+# bounds questions and exams together where MedExAgent's bounded the patient's replies alone.
 RECIPES: dict[str, dict[str, str]] = {
     "grpo": {},
     "medexagent": {
@@ -49,14 +57,19 @@ RECIPES: dict[str, dict[str, str]] = {
         "actor_rollout_ref.rollout.temperature": "1.0",
         "actor_rollout_ref.rollout.multi_turn.max_assistant_turns": "20",
         "actor_rollout_ref.rollout.multi_turn.max_user_turns": "15",
+        "trainer.save_freq": "200",
+        "trainer.test_freq": "-1",
+        "trainer.val_before_train": "False",
+        "trainer.max_actor_ckpt_to_keep": "null",
     },
 }
 # The recipe's values for options a user may still set: (group size, epochs, engine).
 RECIPE_DEFAULTS = {"grpo": (8, 3, "vllm"), "medexagent": (16, 1, "sglang")}
+TEMPLATE_CHOICES = ("auto", "model", "shipped")
 
 
-def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
-    parser = argparse.ArgumentParser(prog="scripts/train_grpo.sh", description=__doc__.split("\n\n")[0])
+def parse(argv: list[str], prog: str = "scripts/train_grpo.sh") -> tuple[argparse.Namespace, list[str]]:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--model", required=True, help="Model path or Hugging Face id (a VL model: tools return images)."
     )
@@ -64,6 +77,19 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         "--data", required=True, type=Path, help="Bank directory with train.parquet and val.parquet."
     )
     parser.add_argument("--server-url", default="http://127.0.0.1:8000", help="case-env server URL.")
+    parser.add_argument(
+        "--server-host",
+        default="127.0.0.1",
+        help="Bind address of a server the launcher starts (when none answers at --server-url). Another "
+        "address than loopback needs CASE_ENV_TOKEN, and workers then call this node's address.",
+    )
+    parser.add_argument(
+        "--token-file",
+        type=Path,
+        default=None,
+        help="File holding the server's token, readable at the same path on every node. Workers get the "
+        "path (CASE_ENV_TOKEN_FILE) instead of the token, which would otherwise sit in the config verl prints.",
+    )
     parser.add_argument("--gpus", type=int, default=8, help="GPUs per node.")
     parser.add_argument("--nodes", type=int, default=1, help="Nodes.")
     parser.add_argument(
@@ -101,74 +127,180 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         "--format",
         default="hermes",
         choices=FORMATS,
-        help="Tool-call format of the model (multi_turn.format): hermes (JSON in <tool_call>) or qwen3_coder "
-        "(Qwen3's XML form, as CASE's released checkpoints write it).",
+        help="Tool-call format the model writes (multi_turn.format): hermes, JSON inside <tool_call> (Qwen2.5, "
+        "Qwen2.5-VL, Qwen3, Qwen3-VL); qwen3_coder, XML inside <tool_call> (Qwen3-Coder, Qwen3.5).",
     )
-    parser.add_argument("--experiment", default="case-env-grpo", help="trainer.experiment_name.")
     parser.add_argument(
-        "--dry-run", action="store_true", help="Compose and validate the config on CPU, then exit."
+        "--chat-template",
+        default="auto",
+        help="auto: the model's own template when it renders tools, else case-env's for its family; model: "
+        "the model's own; shipped: case-env's for the family (Qwen2.5-VL, Qwen3-VL, Qwen3); or a Jinja file.",
+    )
+    parser.add_argument(
+        "--checkpoint-dir",
+        type=Path,
+        default=None,
+        help="trainer.default_local_dir (default: checkpoints/case-env/<experiment> under this directory).",
+    )
+    parser.add_argument(
+        "--no-checkpoints",
+        action="store_true",
+        help="Run without saving checkpoints (trainer.save_freq=-1); preflight refuses such a run otherwise.",
+    )
+    parser.add_argument(
+        "--experiment", default=None, help="trainer.experiment_name (default: case-env-<recipe>)."
+    )
+    parser.add_argument(
+        "--skip-preflight", action="store_true", help="Start the run without `case-env train preflight`."
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="Print the preflight table and the whole composed config, validated by verl; start nothing.",
     )
     args, extra = parser.parse_known_args(argv)
     group, epochs, engine = RECIPE_DEFAULTS[args.recipe]
     args.group_size = args.group_size or group
     args.epochs = args.epochs or epochs
     args.rollout = args.rollout or engine
+    args.experiment = args.experiment or f"case-env-{args.recipe}"
+    args.checkpoint_dir = (
+        args.checkpoint_dir or Path("checkpoints") / "case-env" / args.experiment
+    ).resolve()
     return args, extra
 
 
-def overrides(args: argparse.Namespace, extra: list[str]) -> list[str]:
-    recipe = RECIPES[args.recipe]
-    base = [item for item in _base(args) if item.split("=", 1)[0] not in recipe]
-    return [*base, *(f"{k}={v}" for k, v in recipe.items()), *extra]
+def hydra_value(value: str) -> str:
+    """`value` as one quoted Hydra override value that composes back to exactly `value`."""
+    if "${" in value:
+        # verl resolves its whole config (OmegaConf.resolve), which would read this as an interpolation
+        raise ValueError("a value passed to verl cannot contain '${'")
+    value = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", value)  # backslashes before a quote doubled
+    value = re.sub(r"(\\+)$", lambda m: m.group(1) * 2, value)
+    return f"'{value}'"
 
 
-def _base(args: argparse.Namespace) -> list[str]:
-    data = args.data.resolve()
-    mini_batch = max(1, args.batch_size // 4)
-    return [
-        "algorithm.adv_estimator=grpo",
-        f"data.train_files={data / 'train.parquet'}",
-        f"data.val_files={data / 'val.parquet'}",
-        f"data.train_batch_size={args.batch_size}",
-        "data.max_prompt_length=6144",
-        "data.max_response_length=16384",
-        "data.filter_overlong_prompts=True",
-        "data.truncation=error",
-        "data.return_raw_chat=True",
-        "data.return_multi_modal_inputs=False",
-        f"data.custom_cls.path={Path(case_dataset.__file__).resolve()}",
-        "data.custom_cls.name=CaseRLHFDataset",
-        f"actor_rollout_ref.model.path={args.model}",
-        f"actor_rollout_ref.actor.ppo_mini_batch_size={mini_batch}",
-        "actor_rollout_ref.actor.use_dynamic_bsz=True",
-        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=24576",
-        "actor_rollout_ref.actor.use_kl_loss=True",
-        "actor_rollout_ref.actor.kl_loss_coef=0.001",
-        "actor_rollout_ref.actor.optim.lr=1e-6",
-        "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=True",
-        "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True",
-        f"actor_rollout_ref.rollout.name={args.rollout}",
-        "actor_rollout_ref.rollout.mode=async",
-        f"actor_rollout_ref.rollout.n={args.group_size}",
-        "actor_rollout_ref.rollout.multi_turn.enable=True",
-        f"actor_rollout_ref.rollout.multi_turn.tool_config_path={args.tool_config.resolve()}",
-        f"actor_rollout_ref.rollout.multi_turn.format={args.format}",
-        "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=8",
-        "actor_rollout_ref.rollout.multi_turn.max_user_turns=8",
-        "actor_rollout_ref.rollout.multi_turn.max_parallel_calls=1",
-        "actor_rollout_ref.rollout.multi_turn.max_tool_response_length=2048",
-        "actor_rollout_ref.rollout.agent.num_workers=8",
-        "actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent",
-        "reward.reward_manager.name=naive",
-        f"reward.custom_reward_function.path={Path(case_env.reward.__file__).resolve()}",
-        "reward.custom_reward_function.name=compute_score",
-        f"trainer.n_gpus_per_node={args.gpus}",
-        f"trainer.nnodes={args.nodes}",
-        f"trainer.total_epochs={args.epochs}",
-        "trainer.project_name=case-env",
-        f"trainer.experiment_name={args.experiment}",
-        "trainer.logger=[console]",
-    ]
+@dataclass
+class Plan:
+    """Everything a run is composed from: the options, the bank's tool YAML, the chat template chosen for the
+    model, and the server as the workers will call it."""
+
+    args: argparse.Namespace
+    extra: list[str]
+    chat_template: str | None = None
+    template_origin: str = "the model's own"
+    env_vars: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def worker_url(self) -> str:
+        return self.env_vars.get("CASE_ENV_URL", self.args.server_url)
+
+    def overrides(self) -> list[str]:
+        """The base recipe, then the chosen recipe's values, then the user's own: for a key set twice the
+        last one stays (Hydra refuses a key given twice)."""
+        items = [*self._base(), *(f"{k}={v}" for k, v in RECIPES[self.args.recipe].items()), *self.extra]
+        return [item for i, item in enumerate(items) if not _overridden(item, items[i + 1 :])]
+
+    def _base(self) -> list[str]:
+        args = self.args
+        data = args.data.resolve()
+        mini_batch = max(1, args.batch_size // 4)
+        items = [
+            "algorithm.adv_estimator=grpo",
+            f"data.train_files={data / 'train.parquet'}",
+            f"data.val_files={data / 'val.parquet'}",
+            f"data.train_batch_size={args.batch_size}",
+            "data.max_prompt_length=6144",
+            "data.max_response_length=16384",
+            "data.filter_overlong_prompts=True",
+            f"data.custom_cls.path={Path(case_dataset.__file__).resolve()}",
+            "data.custom_cls.name=CaseRLHFDataset",
+            f"actor_rollout_ref.model.path={args.model}",
+            f"actor_rollout_ref.actor.ppo_mini_batch_size={mini_batch}",
+            "actor_rollout_ref.actor.use_dynamic_bsz=True",
+            "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=24576",
+            "actor_rollout_ref.actor.use_kl_loss=True",
+            "actor_rollout_ref.actor.kl_loss_coef=0.001",
+            "actor_rollout_ref.actor.optim.lr=1e-6",
+            "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=True",
+            "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True",
+            f"actor_rollout_ref.rollout.name={args.rollout}",
+            f"actor_rollout_ref.rollout.n={args.group_size}",
+            "actor_rollout_ref.rollout.multi_turn.enable=True",
+            f"actor_rollout_ref.rollout.multi_turn.tool_config_path={args.tool_config.resolve()}",
+            f"actor_rollout_ref.rollout.multi_turn.format={args.format}",
+            "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=8",
+            "actor_rollout_ref.rollout.multi_turn.max_user_turns=8",
+            "actor_rollout_ref.rollout.multi_turn.max_parallel_calls=1",
+            "actor_rollout_ref.rollout.multi_turn.max_tool_response_length=2048",
+            "actor_rollout_ref.rollout.agent.num_workers=8",
+            "actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent",
+            "reward.reward_manager.name=naive",
+            f"reward.custom_reward_function.path={Path(case_env.reward.__file__).resolve()}",
+            "reward.custom_reward_function.name=compute_score",
+            f"trainer.n_gpus_per_node={args.gpus}",
+            f"trainer.nnodes={args.nodes}",
+            f"trainer.total_epochs={args.epochs}",
+            "trainer.project_name=case-env",
+            f"trainer.experiment_name={args.experiment}",
+            "trainer.logger=[console]",
+            # ours: a checkpoint every 20 steps and the last (verl saves only when save_freq > 0, its default
+            # is -1), the latest two kept (a 7B checkpoint with optimizer state is ~100 GB), validation every
+            # 10 steps and before training, resumed from the latest checkpoint of the directory when there is one
+            "trainer.save_freq=20",
+            "trainer.max_actor_ckpt_to_keep=2",
+            "trainer.test_freq=10",
+            "trainer.val_before_train=True",
+            "trainer.resume_mode=auto",
+            f"trainer.default_local_dir={args.checkpoint_dir}",
+        ]
+        if args.no_checkpoints:
+            items.append("trainer.save_freq=-1")
+        if self.chat_template is not None:
+            items.append(f"actor_rollout_ref.model.custom_chat_template={hydra_value(self.chat_template)}")
+        for key, value in self.env_vars.items():  # reach every Ray worker, on every node
+            items.append(f"+ray_kwargs.ray_init.runtime_env.env_vars.{key}={hydra_value(value)}")
+        return items
+
+
+def _key(item: str) -> str:
+    return item.split("=", 1)[0].lstrip("+~")
+
+
+def _overridden(item: str, later: list[str]) -> bool:
+    return any(_key(other) == _key(item) for other in later)
+
+
+def forwarded_env(args: argparse.Namespace, url: str) -> dict[str, str]:
+    """What rollout and reward workers read from their environment: the server's URL and token (or the token
+    file's path), and every other CASE_ENV_* setting of this shell (the judge's CASE_ENV_JUDGE_URL, say),
+    which verl would not forward (trainer/constants_ppo.py)."""
+    from case_env.server.ray_serve import settings_env
+
+    env = {**settings_env(), "CASE_ENV_URL": url}
+    if args.token_file is not None:
+        env.pop("CASE_ENV_TOKEN", None)
+        env["CASE_ENV_TOKEN_FILE"] = str(args.token_file.resolve())
+    return env
+
+
+def worker_url(args: argparse.Namespace) -> str:
+    """The URL workers call: --server-url, or this node's address when the launcher's server listens beyond
+    loopback and --server-url names loopback (which on another node is that node)."""
+    url = args.server_url
+    if is_loopback(httpx.URL(url).host) and not is_loopback(args.server_host):
+        from ray.util import get_node_ip_address
+
+        parsed = httpx.URL(url)
+        host = args.server_host if args.server_host not in ("0.0.0.0", "::") else get_node_ip_address()
+        return str(parsed.copy_with(host=host))
+    return url
+
+
+def token(args: argparse.Namespace) -> str | None:
+    if args.token_file is not None:
+        return args.token_file.read_text(encoding="utf-8").splitlines()[0].strip() or None
+    return os.environ.get("CASE_ENV_TOKEN") or None
 
 
 def compose(items: list[str]):
@@ -182,6 +314,15 @@ def compose(items: list[str]):
         return hydra_compose(config_name="ppo_trainer", overrides=items)
 
 
+def validate(config) -> None:
+    from verl.trainer.main_ppo import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    validate_config(
+        config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config)
+    )
+
+
 def check_inputs(args: argparse.Namespace) -> list[str]:
     problems = []
     for name in ("train.parquet", "val.parquet"):
@@ -189,63 +330,111 @@ def check_inputs(args: argparse.Namespace) -> list[str]:
             problems.append(f"{args.data / name} is missing (run `case-env bank build`)")
     if args.tool_config is not None and not args.tool_config.is_file():
         problems.append(f"{args.tool_config} is missing (run `case-env verl-config`)")
+    if args.token_file is not None and not args.token_file.is_file():
+        problems.append(f"--token-file {args.token_file} is not a file")
+    if args.chat_template not in TEMPLATE_CHOICES and not Path(args.chat_template).is_file():
+        problems.append(
+            f"--chat-template {args.chat_template!r} is neither {', '.join(TEMPLATE_CHOICES)} nor a file"
+        )
     return problems
 
 
-def bank_tool_config(data: Path) -> Path:
-    """The tool YAML of the bank's environment, written beside the bank (always equal to its tools)."""
+def bank_env(data: Path) -> str:
     envs = {
         registry.for_row(source, {"env": env} if env else None).name
         for env, source in bank_sources(data / "train.parquet")
     }
     if len(envs) != 1:
-        raise SystemExit(
-            f"error: {data / 'train.parquet'} holds rows of {len(envs)} environments; a run needs one"
+        raise RunRefusedError(
+            [f"{data / 'train.parquet'} holds rows of {len(envs)} environments; a run needs one"]
         )
-    return write(registry.get(envs.pop()), data / "verl_tools.yaml")
+    return envs.pop()
 
 
-def dry_run(args: argparse.Namespace, extra: list[str]) -> int:
-    from omegaconf import OmegaConf
-    from verl.trainer.main_ppo import need_critic, need_reference_policy
-    from verl.utils.config import validate_config
-
-    config = compose(overrides(args, extra))
-    validate_config(
-        config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config)
-    )
-    rollout = config.actor_rollout_ref.rollout
-    print(OmegaConf.to_yaml(OmegaConf.masked_copy(config, ["algorithm", "reward"])), end="")
-    print(
-        f"rollout: {rollout.name} n={rollout.n} multi_turn.format={rollout.multi_turn.format} "
-        f"multi_turn.tool_config_path={rollout.multi_turn.tool_config_path}"
-    )
-    print(f"agent loop: {rollout.agent.default_agent_loop}; data: {config.data.train_files}")
-    print(f"dry run: config composed and validated ({len(overrides(args, extra))} overrides)")
-    return 0
+def bank_tool_config(data: Path) -> Path:
+    """The tool YAML of the bank's environment, written beside the bank (always equal to its tools)."""
+    return write(registry.get(bank_env(data)), data / "verl_tools.yaml")
 
 
-def main(argv: list[str] | None = None) -> int:
-    args, extra = parse(sys.argv[1:] if argv is None else argv)
+def concurrency(args: argparse.Namespace) -> int:
+    """Trajectories a step runs at once, each with at most one call in flight."""
+    return args.batch_size * args.group_size
+
+
+class RunRefusedError(Exception):
+    """The run cannot be composed as asked: one line per problem."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
+def prepare(argv: list[str], prog: str = "scripts/train_grpo.sh"):
+    """Parse the options, check the inputs, choose the chat template and compose verl's config: the run as
+    `case-env train preflight` checks it (a `Preflight` whose `config` is composed and validated)."""
+    from case_env.verl.preflight import Preflight
+
+    args, extra = parse(argv, prog)
     problems = check_inputs(args)
     if problems:
-        for problem in problems:
-            print(f"error: {problem}", file=sys.stderr)
-        return 2
+        raise RunRefusedError(problems)
     if args.tool_config is None:
         args.tool_config = bank_tool_config(args.data.resolve())
-    if args.dry_run:
-        return dry_run(args, extra)
-    server = ensure_server(args.server_url, args.data_root)
-    env = {**os.environ, "CASE_ENV_URL": args.server_url}
+    exposed = not is_loopback(httpx.URL(args.server_url).host) or not is_loopback(args.server_host)
+    if exposed and token(args) is None:
+        raise RunRefusedError(["a server beyond loopback needs a token: set CASE_ENV_TOKEN or --token-file"])
+    run = Preflight(Plan(args, extra, env_vars=forwarded_env(args, worker_url(args))))
     try:
-        return subprocess.call(
-            [sys.executable, "-m", "verl.trainer.main_ppo", *overrides(args, extra)], env=env
+        run.compose()
+    except RunRefusedError:
+        raise
+    except Exception as exc:  # Hydra's or verl's refusal of an override, in one line
+        raise RunRefusedError([f"the config does not compose: {type(exc).__name__}: {exc}"]) from exc
+    return run
+
+
+def main(argv: list[str] | None = None, preflight_only: bool = False) -> int:
+    """The run: compose, check (preflight), start verl's main_ppo; `preflight_only` stops after the checks
+    (`case-env train preflight`). 0 when it ran (or every check passed), 2 on a refusal."""
+    from case_env.verl.preflight import printable
+
+    prog = "case-env train preflight" if preflight_only else "scripts/train_grpo.sh"
+    try:
+        run = prepare(sys.argv[1:] if argv is None else argv, prog)
+    except RunRefusedError as refused:
+        for problem in refused.problems:
+            print(f"error: {problem}", file=sys.stderr)
+        return 2
+    plan, args = run.plan, run.args
+    if args.dry_run:
+        run.check(live=False)
+        run.print_table()
+        print(printable(run.config))
+        print(f"dry run: config composed and validated ({len(plan.overrides())} overrides)")
+        return 0
+    server = None
+    try:
+        server = ensure_server(
+            args.server_url,
+            args.data_root,
+            Sizing.for_concurrency(concurrency(args)),
+            args.server_host,
+            {"CASE_ENV_TOKEN": token(args)} if token(args) else None,
         )
+        if not args.skip_preflight:
+            run.check(live=True)
+            run.print_table()
+            if not run.passed:
+                print(
+                    "preflight failed: nothing was started (--skip-preflight to run anyway)", file=sys.stderr
+                )
+                return 2
+        if preflight_only:
+            return 0
+        env = {**os.environ, "CASE_ENV_URL": plan.worker_url}
+        return subprocess.call([sys.executable, "-m", "verl.trainer.main_ppo", *plan.overrides()], env=env)
     finally:
-        if server is not None:
-            server.terminate()
-            server.wait(timeout=60)
+        stop(server)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from verl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop
 from verl.workers.rollout.replica import TokenOutput
 
 from case_env.verl.dataset import CaseRLHFDataset
+from case_env.verl.model_files import NoVideo, allow_no_video
 
 SPECIAL_TOKENS = [
     "<|endoftext|>",
@@ -93,16 +94,8 @@ def build_processor(tokenizer: PreTrainedTokenizerFast):
     """Qwen2-VL's PIL image processor around our tokenizer. The video slot gets a stand-in, because the real
     video processor needs torchvision (not installed on CPU); no test sends video."""
     from transformers import Qwen2VLImageProcessorPil, Qwen2VLProcessor
-    from transformers.processing_utils import ProcessorMixin
 
-    original = ProcessorMixin.check_argument_for_proper_class
-    if not getattr(original, "_case_env_shim", False):
-
-        def check(self, name, argument):
-            return type(argument) if isinstance(argument, NoVideo) else original(self, name, argument)
-
-        check._case_env_shim = True
-        ProcessorMixin.check_argument_for_proper_class = check
+    allow_no_video()
     tokenizer.image_token = "<|image_pad|>"
     tokenizer.video_token = "<|video_pad|>"
     return Qwen2VLProcessor(
@@ -111,13 +104,6 @@ def build_processor(tokenizer: PreTrainedTokenizerFast):
         video_processor=NoVideo(),
         chat_template=TEMPLATE,
     )
-
-
-class NoVideo:
-    """Stand-in for the video processor slot of Qwen2VLProcessor."""
-
-    merge_size = 2
-    temporal_patch_size = 2
 
 
 Policy = Callable[[str, list, int], str]  # (prompt text so far, images so far, turn) -> next assistant turn

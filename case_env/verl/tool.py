@@ -4,7 +4,10 @@ environment.
 What verl 0.9.1 does and does not do shapes this class (docs/architecture.md, "verl's limits"):
 - create/execute/release run once per tool call; `create_kwargs` arrive nested. The case comes from the
   dataset row's `create_kwargs.patient_id`, never from the model; the episode id is `agent_data.request_id`,
-  stable for the whole trajectory.
+  stable for the whole trajectory, except under `rollout.full_determinism`: there verl names every request
+  `det-{priority}` and its V1 worker passes no priority, so every trajectory is `det-0`, and the server, which
+  binds an episode to its first patient, would refuse the rest with 403. Such an id gets a suffix drawn once
+  per trajectory and kept in `agent_data.extra_fields` (docs/sources.md, verl 0.9.1).
 - Tool objects are built once per AgentLoopWorker (and again on the driver by RLHFDataset), and shared by
   every trajectory of that worker: construction does no I/O, and the HTTP client is created lazily inside
   whichever event loop runs `execute`.
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import re
 import time
 from typing import Any
 from uuid import uuid4
@@ -32,6 +36,18 @@ from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 from case_env.core import registry
 from case_env.core.calls import FIELD, ExecutedCall
 from case_env.core.client import Reply, RetryPolicy, ToolClient
+
+EPISODE_FIELD = "case_env_episode_id"
+_SHARED_IDS = re.compile(r"det-\d+")  # verl's request ids under full_determinism, shared by trajectories
+
+
+def episode_id(agent_data: Any, instance_id: str) -> str:
+    """The trajectory's episode id: verl's request id when it names one trajectory, else that id with a
+    suffix drawn on the trajectory's first call and kept with it."""
+    request_id = str(getattr(agent_data, "request_id", None) or instance_id)
+    if agent_data is None or not _SHARED_IDS.fullmatch(request_id):
+        return request_id
+    return agent_data.extra_fields.setdefault(EPISODE_FIELD, f"{request_id}-{uuid4().hex}")
 
 
 class CaseTool(BaseTool):
@@ -60,7 +76,7 @@ class CaseTool(BaseTool):
         self, instance_id: str, parameters: dict[str, Any], **kwargs: Any
     ) -> tuple[ToolResponse, float, dict]:
         agent_data = kwargs.get("agent_data")
-        episode_id = str(getattr(agent_data, "request_id", None) or instance_id)
+        episode = episode_id(agent_data, instance_id)
         row = self._rows.get(instance_id) or {}
         calls = agent_data.extra_fields.setdefault(FIELD, []) if agent_data is not None else []
         started = time.monotonic()
@@ -69,7 +85,7 @@ class CaseTool(BaseTool):
             reply = Reply("no_patient", 0, infra_error=True)
             response = ToolResponse(text="Error: no patient is bound to this trajectory.")
         else:
-            body = {"episode_id": episode_id, "patient_id": row["patient_id"], "arguments": parameters}
+            body = {"episode_id": episode, "patient_id": row["patient_id"], "arguments": parameters}
             context = env.episode_context(row, [ExecutedCall.from_record(c) for c in calls]) if env else None
             if context is not None:
                 body["context"] = context

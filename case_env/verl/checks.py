@@ -1,0 +1,410 @@
+"""The checks of `case-env train preflight`, each a function of the composed run that returns one `Check`.
+
+Each names what a first GPU run would otherwise meet only after it started, or never notice: a template that
+hides the tools, prompts verl would drop, a server the workers of another node cannot reach, a run that
+saves nothing, a missing inference engine, episodes that share one id. The orchestration and the table are
+in `case_env/verl/preflight.py`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import io
+import math
+import os
+import re
+import subprocess
+import sys
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+from omegaconf import OmegaConf
+
+from case_env.core.answers import final_segment
+from case_env.server.control import is_loopback
+from case_env.verl.cluster import NodeReport
+from case_env.verl.model_files import ModelFiles
+from case_env.verl.rehearsal import FINAL, TOOL_OUTPUT, rehearse
+
+PASS, FAIL, UNVERIFIED, SKIPPED = "pass", "FAIL", "unverified", "skipped"
+# what makes the template's prompt teach a parser's call form (verl's hermes and qwen3_coder parsers)
+CALL_MARKERS = {"hermes": ("<tool_call>", "<function="), "qwen3_coder": ("<function=", None)}
+
+
+@dataclass
+class Check:
+    name: str
+    status: str
+    detail: str
+    fix: str = ""
+
+
+def template_problems(
+    files: ModelFiles, config: Any, item: dict, schemas: list[dict], offered: list[dict]
+) -> list[str]:
+    """What is wrong with the episode verl renders for `item` under the model's current template."""
+    form = config.actor_rollout_ref.rollout.multi_turn.format
+    episode = rehearse(files, config, item, schemas, offered)
+    plain = files.renderer.apply_chat_template(item["raw_prompt"], add_generation_prompt=True, tokenize=False)
+    problems = []
+    hidden = [
+        s["function"]["name"]
+        for s in offered
+        if episode.prompt.count(s["function"]["name"]) <= plain.count(s["function"]["name"])
+    ]
+    if hidden:
+        problems.append(
+            f"renders no tool schemas ({len(hidden)} of {len(offered)} offered tools, e.g. {hidden[0]})"
+        )
+    needed, refused = CALL_MARKERS[form]
+    if needed not in episode.prompt or (refused is not None and refused in episode.prompt):
+        problems.append(f"does not teach the {form} call form ({needed} in the tool instructions)")
+    if episode.executed != [episode.tool]:
+        problems.append(f"verl's {form} parser did not run the {episode.tool} call it was given")
+    if "<tool_response>" not in episode.response or "</tool_response>" not in episode.response:
+        problems.append("renders a tool's answer without <tool_response> markers")
+    tail = final_segment(episode.response)
+    if TOOL_OUTPUT in tail or FINAL.splitlines()[-1] not in tail:
+        problems.append("leaves the reward reading tool output as the model's answer")
+    if files.processor is not None and episode.image_pads == 0:
+        problems.append("drops the tool's image (no image placeholder reached the model)")
+    return problems
+
+
+def chat_template(
+    files: ModelFiles | None, config: Any, rows: dict[str, dict], schemas: list[dict], origin: str, model: str
+) -> Check:
+    name = "chat template"
+    if files is None:
+        return Check(
+            name,
+            UNVERIFIED,
+            f"{model} is not on this machine (no directory, not in the Hugging Face cache); the run uses {origin}",
+            f"download the model's files first (hf download {model}) to verify",
+        )
+    bad = {}
+    for source, item in rows.items():
+        problems = template_problems(files, config, item, schemas, offered_tools(item, schemas))
+        if problems:
+            bad[source] = problems
+    form = config.actor_rollout_ref.rollout.multi_turn.format
+    if bad:
+        source, problems = next(iter(bad.items()))
+        return Check(
+            name,
+            FAIL,
+            f"{origin} {'; '.join(problems)} (rows of {', '.join(bad)}; first: {source})",
+            "--chat-template shipped (case-env's for Qwen2.5-VL, Qwen3-VL, Qwen3) or --chat-template FILE "
+            f"with a template that renders tools and <tool_response> blocks in the {form} form",
+        )
+    image = ", the tool's image reaches the model" if files.processor is not None else ""
+    return Check(
+        name,
+        PASS,
+        f"{origin}: one row of each of {len(rows)} data source{'s' if len(rows) > 1 else ''} shows its tools, teaches {form} calls, fences "
+        f"tool answers in <tool_response>{image}; the reward reads only the final answer",
+    )
+
+
+def offered_tools(item: dict, schemas: list[dict]) -> list[dict]:
+    """The row's tools as ToolAgentLoop offers them: its tool_selection, in order."""
+    selection = (item.get("extra_info") or {}).get("tool_selection")
+    if not selection:
+        return schemas
+    by_name = {s["function"]["name"]: s for s in schemas}
+    return [by_name[n] for n in selection if n in by_name]
+
+
+def prompt_lengths(files: ModelFiles | None, config: Any, datasets: dict[str, Any]) -> Check:
+    """Every row of the banks measured as the rollout renders it (CaseRLHFDataset.prompt_tokens)."""
+    name = "prompt lengths"
+    limit = int(config.data.max_prompt_length)
+    if files is None:
+        return Check(
+            name, UNVERIFIED, "needs the model's tokenizer on this machine", "download the model first"
+        )
+    over: dict[str, list[int]] = defaultdict(list)
+    counts: dict[str, int] = defaultdict(int)
+    longest, errors = 0, []
+    for split, dataset in datasets.items():
+        for index, row in enumerate(dataset.raw_rows()):
+            source = row["data_source"]
+            counts[source] += 1
+            try:
+                tokens = dataset.prompt_tokens(row)
+            except Exception as exc:
+                errors.append(f"{split} row {index}: {type(exc).__name__}: {exc}")
+                continue
+            longest = max(longest, tokens)
+            if tokens > limit:
+                over[source].append(tokens)
+    rows = sum(counts.values())
+    if errors:
+        more = f" ({len(errors) - 1} more)" if len(errors) > 1 else ""
+        return Check(
+            name, FAIL, f"{len(errors)} rows cannot be rendered: {errors[0]}{more}", "fix the bank rows"
+        )
+    if over:
+        parts = [f"{s} {len(v)} of {counts[s]} (longest {max(v):,})" for s, v in sorted(over.items())]
+        fit = math.ceil(longest / 256) * 256
+        return Check(
+            name,
+            FAIL,
+            f"verl would drop rows over data.max_prompt_length={limit:,}: {'; '.join(parts)}",
+            f"data.max_prompt_length={fit} (fits the longest, {longest:,} tokens)",
+        )
+    return Check(
+        name,
+        PASS,
+        f"all {rows:,} rows of {' and '.join(datasets)} fit {limit:,} tokens with their own tools "
+        f"(longest {longest:,}; {len(counts)} data source{'s' if len(counts) > 1 else ''})",
+    )
+
+
+def served_tools(url: str, token: str | None, env: str, schemas: list[dict]) -> Check:
+    """The running server serves the bank's tools with the YAML's schemas."""
+    name = "served tools"
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        health = httpx.get(f"{url}/healthz", timeout=5)
+        reply = httpx.get(f"{url}/v1/tools", params={"env": env}, headers=headers, timeout=10)
+    except httpx.HTTPError as exc:
+        return Check(
+            name, FAIL, f"no case-env server answers at {url} ({type(exc).__name__})", "case-env serve"
+        )
+    if health.status_code != 200 or reply.status_code != 200:
+        return Check(
+            name,
+            FAIL,
+            f"{url} answers /healthz {health.status_code}, /v1/tools {reply.status_code}",
+            "set CASE_ENV_TOKEN (or --token-file) to the server's token" if reply.status_code == 401 else "",
+        )
+    served = {t["name"]: t["schema"] for t in reply.json()["tools"]}
+    expected = {s["function"]["name"]: s for s in schemas}
+    missing = sorted(set(expected) - set(served))
+    differ = sorted(n for n in set(expected) & set(served) if _schema(served[n]) != _schema(expected[n]))
+    if missing or differ:
+        what = [
+            f"missing {', '.join(missing[:5])}" if missing else "",
+            f"other schemas: {', '.join(differ[:5])}",
+        ]
+        return Check(
+            name,
+            FAIL,
+            f"{url} does not serve the bank's tool YAML ({'; '.join(w for w in what if w)})",
+            "run the server of the case-env version that wrote the bank, or rebuild the YAML (case-env verl-config)",
+        )
+    return Check(
+        name, PASS, f"{url} serves the {len(expected)} tools of the {env} YAML with the same schemas"
+    )
+
+
+def _schema(schema: dict) -> dict:
+    """A schema as verl keeps it: type, description and enum of each parameter (verl/tools/schemas.py)."""
+    from verl.tools.schemas import OpenAIFunctionToolSchema
+
+    return OpenAIFunctionToolSchema.model_validate(schema).model_dump(exclude_unset=True, exclude_none=True)
+
+
+def nodes(reports: list[NodeReport] | None, url: str, wanted: int, env_vars: dict[str, str]) -> Check:
+    name = "server from every node"
+    token = "CASE_ENV_TOKEN" in env_vars or "CASE_ENV_TOKEN_FILE" in env_vars
+    if reports is None:
+        return Check(name, SKIPPED, "a dry run starts nothing (no Ray, no server)")
+    remote = [r for r in reports if not r.local]
+    problems = []
+    if len(reports) < wanted:
+        problems.append(f"the Ray cluster has {len(reports)} live node(s), the run asks for --nodes {wanted}")
+    if remote and is_loopback(httpx.URL(url).host):
+        return Check(
+            name,
+            FAIL,
+            f"{url} is loopback, and {len(remote)} other node(s) would each call their own",
+            "--server-host 0.0.0.0 with CASE_ENV_TOKEN (the launcher's server, called at this node's "
+            "address), or --server-url http://<reachable host>:<port>",
+        )
+    for report in reports:
+        where = f"node {report.address} ({report.node_id[:8]})"
+        if report.missing:
+            problems.append(
+                f"{where} lacks {', '.join(report.missing)} (a shared file system at the same path)"
+            )
+        elif report.url != url:
+            problems.append(f"{where} sees CASE_ENV_URL={report.url}, not {url}")
+        elif token and not report.token:
+            problems.append(f"{where} has no token")
+        elif not report.reached:
+            problems.append(
+                f"{where}: /healthz {report.health or '-'}, call {report.call or '-'} ({report.text})"
+            )
+    if problems:
+        return Check(
+            name, FAIL, "; ".join(problems), "make the server reachable from every node, with the token"
+        )
+    seen = ", ".join(
+        f"{r.address}{' (here)' if r.local else ''} {r.call} {r.latency_ms:.0f} ms" for r in reports
+    )
+    # verl prints the whole config, the job's runtime environment included, at start-up
+    printed = (
+        " (verl prints it with its config: --token-file keeps it out)" if "CASE_ENV_TOKEN" in env_vars else ""
+    )
+    return Check(
+        name,
+        PASS,
+        f"{len(reports)} node{'s' if len(reports) > 1 else ''} called {url} through CaseTool with the job's "
+        f"environment{' and the token' if token else ''}{printed}: {seen}",
+    )
+
+
+def checkpoints(config: Any, train_rows: int, allowed_off: bool) -> Check:
+    name = "checkpoints"
+    trainer = config.trainer
+    steps = (
+        trainer.total_training_steps
+        or math.ceil(train_rows / config.data.train_batch_size) * trainer.total_epochs
+    )
+    validation = (
+        f"validation every {trainer.test_freq} steps"
+        if trainer.test_freq > 0
+        else "no validation during training"
+    ) + (", and before training" if trainer.val_before_train else ", none before training")
+    if trainer.save_freq <= 0:
+        if allowed_off:
+            return Check(name, PASS, f"none saved (--no-checkpoints); {validation}")
+        return Check(
+            name,
+            FAIL,
+            f"trainer.save_freq={trainer.save_freq}: a run of ~{steps} steps would end with no weights",
+            "trainer.save_freq=N (N > 0), or --no-checkpoints to run without",
+        )
+    directory = Path(trainer.default_local_dir)
+    parent = next(p for p in (directory, *directory.parents) if p.exists())
+    if not os.access(parent, os.W_OK):
+        return Check(name, FAIL, f"{parent} is not writable", "--checkpoint-dir DIR on a writable disk")
+    saves = math.ceil(steps / trainer.save_freq)
+    found = sorted(directory.glob("global_step_*"), key=lambda p: int(p.name.rsplit("_", 1)[-1]))
+    resume = (
+        f"resumes from {found[-1].name}"
+        if found and trainer.resume_mode == "auto"
+        else f"resume {trainer.resume_mode}"
+    )
+    keep = trainer.max_actor_ckpt_to_keep
+    return Check(
+        name,
+        PASS,
+        f"every {trainer.save_freq} steps and the last (~{steps} steps: {saves} save{'s' if saves > 1 else ''}) to {directory}"
+        f"{f', latest {keep} kept' if keep else ''}; {resume}; {validation}",
+    )
+
+
+def verl_pins() -> dict[str, str]:
+    """The versions verl's own extras pin, by package (`vllm==0.24.0; extra == "vllm"` in its metadata)."""
+    pins = {}
+    for requirement in importlib.metadata.requires("verl") or []:
+        match = re.match(r"([\w.-]+)==([\w.]+)\s*;\s*extra\s*==", requirement)
+        if match:
+            pins.setdefault(match.group(1), match.group(2))
+    return pins
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _import_error(module: str) -> str | None:
+    """Why `module` does not import in a fresh interpreter (engines pull in CUDA), or None when it does."""
+    probe = subprocess.run(
+        [sys.executable, "-c", f"import {module}"], capture_output=True, text=True, timeout=600
+    )
+    if probe.returncode == 0:
+        return None
+    return (probe.stderr.strip().splitlines() or ["no output"])[-1]
+
+
+def rollout_engine(config: Any) -> Check:
+    """The inference engine at verl 0.9.1's pin, and flash-attn when the model loads with it (verl's
+    default `attn_implementation`), both importable by this interpreter."""
+    name = "rollout engine"
+    engine = config.actor_rollout_ref.rollout.name
+    attention = OmegaConf.select(
+        config, "actor_rollout_ref.model.override_config.attn_implementation", default=None
+    )
+    needed = [engine] + (["flash-attn"] if attention in (None, "flash_attention_2") else [])
+    pins = verl_pins()
+    fix = f"make train-env ENGINE={engine}, then PYTHON=.venv-train-{engine}/bin/python scripts/train_grpo.sh ..."
+    seen = []
+    for package in needed:
+        version, pinned = _version(package), pins.get(package)
+        if version is None:
+            return Check(name, FAIL, f"{package} is not installed in {sys.executable}", fix)
+        if pinned and version != pinned:
+            return Check(name, FAIL, f"{package} {version}; verl 0.9.1 pins {package}=={pinned}", fix)
+        error = _import_error(package.replace("-", "_"))
+        if error is not None:
+            return Check(name, FAIL, f"{package} {version} does not import: {error}", fix)
+        seen.append(f"{package} {version}")
+    return Check(name, PASS, f"{' and '.join(seen)} import (verl 0.9.1's pins)")
+
+
+def gpus(reports: list[NodeReport] | None, per_node: int, wanted_nodes: int) -> Check:
+    name = "GPUs"
+    if reports is None:
+        import torch
+
+        seen = {"this node": torch.cuda.device_count()}
+    else:
+        seen = {r.address + (" (here)" if r.local else ""): int(r.gpus) for r in reports}
+    enough = [where for where, n in seen.items() if n >= per_node]
+    listing = ", ".join(f"{where} {n}" for where, n in seen.items())
+    if len(enough) < wanted_nodes:
+        return Check(
+            name,
+            FAIL,
+            f"{per_node} GPU(s) on each of {wanted_nodes} node(s) asked for; visible: {listing}",
+            "--gpus N (GPUs per node) and --nodes N as the cluster has them; check CUDA_VISIBLE_DEVICES",
+        )
+    return Check(name, PASS, f"{per_node} per node on {wanted_nodes} node(s): {listing}")
+
+
+def episode_ids(config: Any) -> Check:
+    """Two trajectories' episode ids as CaseTool derives them from verl's request ids under this config."""
+    from verl.experimental.agent_loop.tool_agent_loop import AgentData, ToolAgentLoop
+
+    from case_env.verl.tool import episode_id
+
+    determinism = bool(config.actor_rollout_ref.rollout.full_determinism)
+    ids = []
+    for _ in range(2):  # the V1 worker passes no priority: every request id is the same under determinism
+        request = ToolAgentLoop._make_request_id(0, determinism)
+        agent = AgentData([], None, None, None, None, {}, request, {})
+        ids.append(episode_id(agent, "instance"))
+    if ids[0] == ids[1]:
+        return Check("episode ids", FAIL, f"two trajectories share episode {ids[0]}: the server answers 403")
+    mode = (
+        "full_determinism: verl's det-0 made unique per trajectory" if determinism else "verl's request ids"
+    )
+    return Check("episode ids", PASS, f"unique per trajectory ({mode})")
+
+
+def quiet():
+    """verl's dataset and tool loader print progress and every schema; the table is what the user reads."""
+    import datasets
+
+    datasets.disable_progress_bars()
+    return contextlib.redirect_stdout(io.StringIO())
+
+
+def masked(config: Any) -> str:
+    """The whole config as YAML, the token shown as ***."""
+    copy = OmegaConf.create(OmegaConf.to_container(config, resolve=False))
+    env = OmegaConf.select(copy, "ray_kwargs.ray_init.runtime_env.env_vars")
+    if env is not None and "CASE_ENV_TOKEN" in env:
+        env.CASE_ENV_TOKEN = "***"
+    return OmegaConf.to_yaml(copy)

@@ -1,0 +1,120 @@
+"""One bank row through verl's real ToolAgentLoop with the model's own tokenizer and template, no GPU.
+
+What a model sees and what the reward reads depend on the chat template, not on case-env: a template without
+a tool block never shows the tools, and one that renders tool results without `<tool_response>` markers
+leaves the reward unable to tell tool output from the model's answer (docs/architecture.md, "The reward").
+`case-env train preflight` therefore plays a short episode exactly as verl will: the row's prompt and its
+offered tools rendered by verl's continuous-token builder for the model's type, a tool call written in the
+run's `multi_turn.format` and parsed by verl's parser, a tool answer (with an image for a VL model) spliced
+in by verl, a final answer, and the response decoded as verl's reward manager decodes it. The tools are
+stand-ins with the bank's schemas that answer a marker text, so no server is needed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+from dataclasses import dataclass, field
+from typing import Any
+from uuid import uuid4
+
+from PIL import Image
+from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
+from verl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop
+from verl.tools.base_tool import BaseTool
+from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
+
+from case_env.core.calls import call_text
+from case_env.verl.dataset import CaseRLHFDataset
+from case_env.verl.model_files import ModelFiles
+from case_env.verl.offline import ScriptedModel
+
+TOOL_OUTPUT = "TOOL-OUTPUT-7f3a: the stand-in tool's answer"
+FINAL = "The evidence is in.\n<answer>B</answer>"
+
+
+@dataclass
+class Episode:
+    """What verl rendered and decoded for one rehearsed episode."""
+
+    tool: str
+    prompt: str  # the first prompt, with special tokens
+    prompt_after_tool: str  # the prompt of the second generation: the first turn, the tool's answer
+    response: str  # the response as the reward manager decodes it (skip_special_tokens=True)
+    image_pads: int  # image placeholder tokens in the second prompt
+    executed: list[str] = field(default_factory=list)  # the stand-in tools that ran
+
+
+class StandIn(BaseTool):
+    """A tool with a bank tool's schema that answers the marker text, and an image for a VL model."""
+
+    def __init__(self, schema: dict, image: bool, executed: list[str]):
+        super().__init__({"type": "native"}, OpenAIFunctionToolSchema.model_validate(schema))
+        self.image = image
+        self.executed = executed
+
+    async def create(self, instance_id: str | None = None, **kwargs: Any) -> tuple[str, ToolResponse]:
+        return instance_id or str(uuid4()), ToolResponse()
+
+    async def execute(
+        self, instance_id: str, parameters: dict, **kwargs: Any
+    ) -> tuple[ToolResponse, float, dict]:
+        self.executed.append(self.name)
+        if self.image:
+            return ToolResponse(text=TOOL_OUTPUT, image=[Image.new("RGB", (56, 56), (90, 90, 90))]), 0.0, {}
+        return ToolResponse(text=TOOL_OUTPUT), 0.0, {}
+
+
+def arguments_for(schema: dict) -> dict:
+    """Values for a tool's required parameters: the first allowed value, else a placeholder of its type."""
+    parameters = schema["function"].get("parameters") or {}
+    properties = parameters.get("properties") or {}
+    placeholders = {"integer": 1, "number": 1, "boolean": True}
+    out = {}
+    for name in parameters.get("required") or []:
+        spec = properties.get(name) or {}
+        out[name] = (spec.get("enum") or [None])[0] or placeholders.get(spec.get("type"), "preflight")
+    return out
+
+
+def rehearse(files: ModelFiles, config: Any, item: dict, schemas: list[dict], offered: list[dict]) -> Episode:
+    """Play `item` (a row as CaseRLHFDataset yields it) under the composed verl `config`: one call of its
+    first offered tool, then the final answer."""
+    return asyncio.run(_rehearse(files, config, item, schemas, offered))
+
+
+async def _rehearse(files: ModelFiles, config: Any, item: dict, schemas: list[dict], offered: list[dict]):
+    executed: list[str] = []
+    vision = files.processor is not None
+    with contextlib.redirect_stdout(io.StringIO()):  # verl prints each tool schema as it builds a tool
+        tools = [StandIn(schema, vision, executed) for schema in schemas]
+    call = offered[0]
+    form = config.actor_rollout_ref.rollout.multi_turn.format
+    turns = [call_text(call["function"]["name"], arguments_for(call), form), FINAL]
+    model = ScriptedModel(files.tokenizer, lambda text, images, turn: turns[min(turn, len(turns) - 1)])
+    loop = ToolAgentLoop(
+        trainer_config=DictConfigWrap(config),
+        server_manager=model,
+        tokenizer=files.tokenizer,
+        processor=files.processor,
+        dataset_cls=CaseRLHFDataset,
+        data_config=DictConfigWrap(config.data),
+        hf_model_type=files.model_type,
+        tools=ToolListWrap(tools),
+    )
+    out = await loop.run(
+        sampling_params={},
+        raw_prompt=item["raw_prompt"],
+        tools_kwargs=item["tools_kwargs"],
+        extra_info=item["extra_info"],
+        index=item["index"],
+    )
+    return Episode(
+        tool=call["function"]["name"],
+        prompt=model.prompts[0],
+        prompt_after_tool=model.prompts[1] if len(model.prompts) > 1 else "",
+        response=files.tokenizer.decode(out.response_ids, skip_special_tokens=True),
+        image_pads=model.image_pads[1] if len(model.image_pads) > 1 else 0,
+        executed=executed,
+    )

@@ -1,0 +1,154 @@
+"""Issue 30's multi-node rehearsal: a local Ray cluster of two nodes on this machine (`ray.cluster_utils`),
+started without any CASE_ENV_* variable, so its workers see only what a job forwards, as on a real cluster
+where the launcher's shell is on one node. verl forwards a fixed list of variables to its workers
+(trainer/constants_ppo.py); the launcher passes the server's URL and token through the job's runtime
+environment, and preflight calls the server with CaseTool from a task pinned to every node."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from ray.util import get_node_ip_address
+
+from case_env.bench.process import ServerProcess, free_port
+from case_env.verl.cluster import probe_nodes
+from case_env.verl.preflight import printable
+from tests.test_train_preflight import table
+from tests.verl_rows import REPO, build_bank
+
+TOKEN = "rehearsal-token-0123456789"
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from ray.cluster_utils import Cluster
+
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("CASE_ENV_") and k != "RAY_ADDRESS"}
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(clean)
+    try:  # the raylets, and every worker they start, inherit this environment
+        nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 1})
+        nodes.add_node(num_cpus=1, num_gpus=1)  # declared, not real: Ray schedules by the count
+        nodes.wait_for_nodes()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    yield nodes
+    nodes.shutdown()
+
+
+@pytest.fixture(scope="module")
+def bank(dataset, tmp_path_factory):
+    return build_bank(dataset, tmp_path_factory.mktemp("bank"))
+
+
+@pytest.fixture(scope="module")
+def exposed_server(dataset, tmp_path_factory):
+    """A server bound beyond loopback, with a token, as a lab runs it for a multi-node job."""
+    log = tmp_path_factory.mktemp("server") / "server.log"
+    env = {"CASE_ENV_HOST": "0.0.0.0", "CASE_ENV_TOKEN": TOKEN, "CASE_ENV_DATA_ROOT": str(dataset)}
+    server = ServerProcess(log, env).start()
+    yield f"http://{get_node_ip_address()}:{server.port}"
+    server.stop()
+
+
+def probe(cluster, bank: Path, env_vars: dict[str, str], patient: str):
+    yaml = str(REPO / "configs/verl/imaging.yaml")
+    paths = [str(bank / "train.parquet"), yaml]
+    return probe_nodes(cluster.address, env_vars, paths, yaml, "list_visits", {"patient_id": patient}, {})
+
+
+def test_a_case_tool_on_the_second_node_reaches_the_server_only_through_the_forwarded_variables(
+    cluster, bank, exposed_server
+):
+    patient = "case0001"
+    reports = probe(cluster, bank, {"CASE_ENV_URL": exposed_server, "CASE_ENV_TOKEN": TOKEN}, patient)
+    assert len(reports) == 2 and sum(r.local for r in reports) == 1
+    second = next(r for r in reports if not r.local)
+    assert (second.url, second.token, second.missing) == (exposed_server, True, [])
+    assert second.health == "200" and second.call == "ok" and second.reached, second.text
+    assert second.text.startswith("2 visit(s).\nbaseline (")  # list_visits answered for the patient
+    # what a worker on that node sees when nothing is forwarded (verl's own list has no CASE_ENV_*):
+    # the tool YAML's default, loopback on that node, where nothing listens
+    bare = next(r for r in probe(cluster, bank, {}, patient) if not r.local)
+    assert bare.url is None and not bare.token and not bare.reached
+    # the URL alone: the server refuses a call without the token
+    no_token = next(r for r in probe(cluster, bank, {"CASE_ENV_URL": exposed_server}, patient) if not r.local)
+    assert no_token.health == "200" and no_token.call == "http_401" and not no_token.reached
+
+
+def preflight(cluster, *argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "case_env.cli", "train", "preflight", *argv],
+        env={**os.environ, "RAY_ADDRESS": cluster.address, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def test_preflight_on_two_nodes_starts_the_server_beyond_loopback_and_calls_it_from_both(
+    cluster, bank, dataset, qwen2_5_vl, tmp_path
+):
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    port = free_port()
+    result = preflight(
+        cluster,
+        *("--model", str(qwen2_5_vl), "--data", str(bank), "--data-root", str(dataset)),
+        *("--server-url", f"http://127.0.0.1:{port}", "--server-host", "0.0.0.0"),
+        *("--token-file", str(token_file), "--nodes", "2", "--gpus", "1"),
+        *("--checkpoint-dir", str(tmp_path / "ckpt")),
+        env={"CASE_ENV_TOKEN": ""},
+    )
+    checks = table(result.stdout)
+    url = f"http://{get_node_ip_address()}:{port}"
+    status, detail = checks["server from every node"]
+    assert status == "pass", detail
+    assert detail.startswith(
+        f"2 nodes called {url} through CaseTool with the job's environment and the token:"
+    )
+    assert detail.count(" ok ") == 2 and "(here)" in detail and "verl prints it" not in detail
+    assert checks["served tools"][0] == "pass" and checks["GPUs"][0] == "pass"
+    assert (
+        checks["chat template"][0] == "pass"
+        and "case-env's qwen2_5_vl template" in checks["chat template"][1]
+    )
+    # this machine has no inference engine: the one check that cannot pass here
+    assert [name for name, (status, _) in checks.items() if status == "FAIL"] == ["rollout engine"]
+    assert result.returncode == 2 and "preflight failed: nothing was started" in result.stderr
+
+
+def test_preflight_refuses_a_loopback_server_with_other_nodes_and_a_template_without_tools(
+    cluster, bank, dataset, qwen2_5_vl, tmp_path
+):
+    result = preflight(
+        cluster,
+        *("--model", str(qwen2_5_vl), "--data", str(bank), "--data-root", str(dataset)),
+        *("--server-url", f"http://127.0.0.1:{free_port()}", "--chat-template", "model"),
+        *("--nodes", "2", "--gpus", "1", "--checkpoint-dir", str(tmp_path / "ckpt")),
+        env={"CASE_ENV_TOKEN": TOKEN},
+    )
+    checks = table(result.stdout)
+    status, detail = checks["server from every node"]
+    assert status == "FAIL" and "is loopback, and 1 other node(s) would each call their own" in detail
+    assert "fix: --server-host 0.0.0.0 with CASE_ENV_TOKEN" in detail
+    status, detail = checks["chat template"]
+    assert status == "FAIL" and "renders no tool schemas" in detail
+    assert "fix: --chat-template shipped (case-env's for Qwen2.5-VL, Qwen3-VL, Qwen3)" in detail
+    assert result.returncode == 2
+
+
+def test_the_printed_config_never_shows_the_token(bank, monkeypatch):
+    from case_env.verl import launch
+
+    monkeypatch.setenv("CASE_ENV_TOKEN", TOKEN)
+    run = launch.prepare(["--model", "m", "--data", str(bank)])
+    env_vars = run.config.ray_kwargs.ray_init.runtime_env.env_vars
+    assert env_vars.CASE_ENV_TOKEN == TOKEN and env_vars.CASE_ENV_URL == "http://127.0.0.1:8000"
+    assert TOKEN not in printable(run.config) and "CASE_ENV_TOKEN: '***'" in printable(run.config)
