@@ -8,9 +8,30 @@ same keys, as verl's reward manager requires; one verl batch should hold rows of
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from case_env.core import registry
+
+# The readers of model text are linear (core/tags.py), so this only bounds what one call may cost: verl's
+# 16,384-token response decodes to about 64k characters. A longer text is scored on its end, where the answer
+# is read, and the cut is logged.
+MAX_SOLUTION_CHARS = 1_000_000
+log = logging.getLogger(__name__)
+
+
+def capped(solution_str: str | None) -> str:
+    """The text a reward reads: its last MAX_SOLUTION_CHARS characters, saying so when it cut."""
+    text = solution_str or ""
+    if len(text) > MAX_SOLUTION_CHARS:
+        log.warning(
+            "a response of %d characters is scored on its last %d (%d cut from its start)",
+            len(text),
+            MAX_SOLUTION_CHARS,
+            len(text) - MAX_SOLUTION_CHARS,
+        )
+        return text[-MAX_SOLUTION_CHARS:]
+    return text
 
 
 def compute_score(
@@ -22,5 +43,5 @@ def compute_score(
 ) -> dict[str, Any]:
     env = registry.for_row(data_source, extra_info)
     return env.score(
-        solution_str or "", ground_truth, extra_info if isinstance(extra_info, dict) else None
+        capped(solution_str), ground_truth, extra_info if isinstance(extra_info, dict) else None
     ).flat()

@@ -9,13 +9,32 @@ last thing written, or it does not count.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+
+from case_env.core.tags import Tagged, TagMatch
 
 TOOL_RESPONSE_END = "</tool_response>"
-_THINK = re.compile(r"<think>.*?(</think>|$)", re.DOTALL)
-TOOL_RESPONSE = re.compile(r"<tool_response>.*?(?:</tool_response>|$)", re.DOTALL)
-ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_THINK = Tagged("<think>", "</think>", to_end=True)
+TOOL_RESPONSE = Tagged("<tool_response>", "</tool_response>", to_end=True)
+ANSWER_TAG = Tagged("<answer>", "</answer>")
 BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
-ANSWER_LINE = re.compile(r"(?im)^[ \t*_#]*(?:final\s+)?answer\s*[:：]\s*(.+?)\s*$")
+
+
+class _AnswerLines:
+    """`Answer: X` and `Final answer: X` lines; the content runs to the end of its line, trailing space left
+    out. The whitespace before the content is taken whole (possessively): the lazy form `(.+?)\\s*$` it
+    replaces was quadratic on a line of spaces ending in a letter (docs/architecture.md, "The reward")."""
+
+    _LINE = re.compile(r"(?im)^[ \t*_#]*+(?:final\s+)?answer\s*[:：]\s*+(\S.*)")
+
+    def finditer(self, text: str) -> Iterator[TagMatch]:
+        for found in self._LINE.finditer(text):
+            start = found.start(1)
+            end = start + len(found.group(1).rstrip())
+            yield TagMatch(text, found.start(), end, start, end)
+
+
+ANSWER_LINE = _AnswerLines()
 ANSWER_FORMS = (ANSWER_TAG, BOXED, ANSWER_LINE)
 _TRAILING_OK = re.compile(r"^[\s.!)\]*_`'\"]*$")
 
@@ -31,7 +50,7 @@ def model_text(solution_str: str) -> str:
     return TOOL_RESPONSE.sub("", solution_str or "")
 
 
-def last_answer(text: str, forms: tuple[re.Pattern, ...] = ANSWER_FORMS) -> str | None:
+def last_answer(text: str, forms: tuple = ANSWER_FORMS) -> str | None:
     """The content of the last answer in `text`, or None when there is none or something follows it."""
     found = []
     for form in forms:

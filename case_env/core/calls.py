@@ -19,12 +19,15 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from case_env.core.answers import model_text
+from case_env.core.tags import Tagged
 
 FIELD = "case_env_tool_calls"
 FORMATS = ("hermes", "qwen3_coder")
-TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
-_FUNCTION = re.compile(r"<function=([^>\n]*)>(.*?)(?:</function>|$)", re.DOTALL)
-_PARAMETER = re.compile(r"<parameter=([^>\n]*)>(.*?)(?:</parameter>|$)", re.DOTALL)
+TOOL_CALL = Tagged("<tool_call>", "</tool_call>")
+# Names are read up to 256 characters: `[^>\n]*` scanned to the end of the text from every `<parameter=` of a
+# body that never closes one, quadratic in a looping model's output (docs/architecture.md, "The reward").
+_FUNCTION = re.compile(r"<function=([^>\n]{0,256})>(.*?)(?:</function>|$)", re.DOTALL)
+_PARAMETER = re.compile(r"<parameter=([^>\n]{0,256})>(.*?)(?:</parameter>|$)", re.DOTALL)
 
 
 @dataclass

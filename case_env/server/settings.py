@@ -32,6 +32,12 @@ class ServerSettings(BaseSettings):
     )
     retry_after_s: int = Field(1, ge=1, description="Retry-After seconds sent with 429 and 503.")
     tool_deadline_s: float = Field(20.0, gt=0, description="Per-call deadline; past it the call answers 504.")
+    score_deadline_s: float = Field(
+        30.0,
+        gt=0,
+        description="Deadline of one /v1/score (a judge's round trips included); past it the row scores 0, "
+        "format_ok false, with the reason.",
+    )
     render_threads: int = Field(
         default_factory=lambda data: max(1, (os.cpu_count() or 1) // data["workers"]),
         ge=1,

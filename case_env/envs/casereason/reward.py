@@ -19,17 +19,17 @@ one. Keys: score, acc, pred, format_ok, judge, recall, attempts, first_correct.
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 from case_env.core.answers import ANSWER_TAG, final_segment, last_answer, model_text
 from case_env.core.calls import ExecutedCall, executed_calls
 from case_env.core.llm import ChatClient, default_judge
+from case_env.core.tags import Tagged
 from case_env.envs.casereason.judge import judge
 from case_env.envs.casereason.recall import reasoning_recall
 from case_env.medicine.diagnosis import canonical
 
-_THINK = re.compile(r"<think>(.*?)(?:</think>|$)", re.DOTALL)
+_THINK = Tagged("<think>", "</think>", to_end=True)
 KEYS = ("score", "acc", "pred", "format_ok", "judge", "recall", "attempts", "first_correct")
 EXTRACTIONS = ("strict", "reference")
 

@@ -27,7 +27,6 @@ condition matched), `acc_lenient` at least one, as MedExAgent's evaluation repor
 from __future__ import annotations
 
 import json
-import re
 from collections import Counter
 from typing import Any, Literal
 
@@ -37,11 +36,13 @@ from case_env.core import registry
 from case_env.core.answers import ANSWER_TAG, TOOL_RESPONSE, final_segment, last_answer
 from case_env.core.calls import FIELD, TOOL_CALL, ExecutedCall, executed_calls, written_calls
 from case_env.core.llm import ChatClient, default_judge
+from case_env.core.tags import Tagged
 from case_env.envs.clinic import medexagent_reward as mx
 from case_env.medicine.diagnosis import MAX_CONDITIONS, Verdict, conditions, judge, looks_injected
 from case_env.medicine.exams import ExamCall, ExamError, exam_call, read_exam_string
 
-DIAGNOSIS_TAG = re.compile(r"\[DIAGNOSIS:\s*(.+?)\]", re.IGNORECASE | re.DOTALL)
+# MedExAgent's tag, as `\[DIAGNOSIS:\s*(.+?)\]` (any case) reads it, found in linear time (core/tags.py)
+DIAGNOSIS_TAG = Tagged("[DIAGNOSIS:", "]", ignore_case=True, skip_space=True, nonempty=True)
 ASK = "ask_patient"
 ORDER = "order_exam"
 KEYS = (

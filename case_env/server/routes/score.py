@@ -3,15 +3,17 @@ environment (`extra_info.env`, else the environment claiming its data source) an
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, Field
 
 from case_env.core import registry
 from case_env.core.registry import RegistryError
 from case_env.core.tools import ErrorCode
+from case_env.reward import capped
 from case_env.server.auth import require_token
 from case_env.server.errors import BAD_BODY, UNAUTHORIZED, error_response, short
 
@@ -44,6 +46,9 @@ class ScoreResponse(BaseModel):
     components: dict[str, Any] | None = Field(
         None, description="The environment's own reward components (absent when it has none)."
     )
+    reason: str | None = Field(
+        None, description="Why the row scored 0 without being read (scoring passed its deadline)."
+    )
 
 
 @router.post(
@@ -53,19 +58,33 @@ class ScoreResponse(BaseModel):
     responses={422: BAD_BODY[422]},
     summary="Score a completion with the reward function of its row's environment",
 )
-def score(body: ScoreRequest) -> Response:  # sync: FastAPI runs it in its thread pool, so a judge's
-    # HTTP round trip never blocks the event loop
+async def score(body: ScoreRequest, request: Request) -> Response:
     try:
         env = registry.for_row(body.data_source, body.extra_info)
     except RegistryError as exc:
         return error_response(ErrorCode.INVALID_REQUEST, short(f"invalid request: {exc}"), status=422)
-    result = env.score(body.solution_str, body.ground_truth, body.extra_info)
-    reply = ScoreResponse(
-        env=env.name,
-        score=result.score,
-        acc=result.acc,
-        pred=result.pred,
-        format_ok=result.format_ok,
-        components=result.components or None,
-    )
+    # off the event loop (a judge's HTTP round trips), with a deadline: a slow judge or a pathological row
+    # costs its own caller a zero, never the server a stall
+    deadline = request.app.state.server.settings.score_deadline_s
+    work = asyncio.to_thread(env.score, capped(body.solution_str), body.ground_truth, body.extra_info)
+    try:
+        result = await asyncio.wait_for(work, deadline)
+    except TimeoutError:
+        reply = ScoreResponse(
+            env=env.name,
+            score=0.0,
+            acc=0.0,
+            pred="",
+            format_ok=False,
+            reason=f"scoring took longer than its deadline of {deadline:g} s (CASE_ENV_SCORE_DEADLINE_S)",
+        )
+    else:
+        reply = ScoreResponse(
+            env=env.name,
+            score=result.score,
+            acc=result.acc,
+            pred=result.pred,
+            format_ok=result.format_ok,
+            components=result.components or None,
+        )
     return Response(reply.model_dump_json(exclude_none=True), media_type="application/json")
