@@ -9,9 +9,15 @@ same keys, as verl's reward manager requires; one verl batch should hold rows of
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
 
 from case_env.core import registry
+from case_env.core.problems import describe_errors
+
+if TYPE_CHECKING:
+    from case_env.core.environment import Environment
 
 # The readers of model text are linear (core/tags.py), so this only bounds what one call may cost: verl's
 # 16,384-token response decodes to about 64k characters. A longer text is scored on its end, where the answer
@@ -34,6 +40,21 @@ def capped(solution_str: str | None) -> str:
     return text
 
 
+class RowError(ValueError):
+    """A row its environment's reward cannot read (`extra_info` of the wrong shape): the caller's fault."""
+
+
+def environment_of(data_source: str, extra_info: dict | None) -> Environment:
+    """The row's environment, its part of `extra_info` checked against the environment's model (the field
+    path of each problem in the error)."""
+    env = registry.for_row(data_source, extra_info)
+    try:
+        env.score_extra.model_validate(extra_info if isinstance(extra_info, dict) else {})
+    except ValidationError as exc:
+        raise RowError(describe_errors(exc.errors(include_url=False), ("extra_info",))) from None
+    return env
+
+
 def compute_score(
     data_source: str,
     solution_str: str,
@@ -41,7 +62,7 @@ def compute_score(
     extra_info: dict | None = None,
     **kwargs: Any,
 ) -> dict[str, Any]:
-    env = registry.for_row(data_source, extra_info)
+    env = environment_of(data_source, extra_info)
     return env.score(
         capped(solution_str), ground_truth, extra_info if isinstance(extra_info, dict) else None
     ).flat()

@@ -18,6 +18,8 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from case_env.core.answers import model_text
 from case_env.core.tags import Tagged
 
@@ -67,6 +69,41 @@ class ExecutedCall:
             **known,
             extra=extra,
         )
+
+
+class CallRecord(BaseModel):
+    """One executed call as a row's `extra_info` carries it (`ExecutedCall.record()`): what `/v1/score` checks."""
+
+    model_config = ConfigDict(extra="allow")
+
+    tool: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    status: str = "ok"
+    infra_error: bool = False
+    attempts: int = 1
+    latency_ms: float = 0.0
+    text: str | None = None
+
+
+def decoded(value: Any) -> Any:
+    """A block of `extra_info` stored as a JSON string (MedExAgent's parquet, some banks) as its object."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except ValueError:
+        raise ValueError("a string that is not JSON (an object, or its JSON text, is expected)") from None
+
+
+class ScoreExtra(BaseModel):
+    """The part of a row's `extra_info` every reward may read: its environment and the episode's executed
+    calls. An environment's reward that reads more subclasses it (`Environment.score_extra`); a row that does
+    not validate is the caller's fault (422 at `/v1/score`, a ValueError naming the field in verl)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    env: str | None = None
+    case_env_tool_calls: list[CallRecord] | None = None
 
 
 def _convert(value: str, kind: str | None) -> Any:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from case_env.core.bank import REQUIRED_EXTRA, BankResult, Item
-from case_env.core.calls import ExecutedCall
+from case_env.core.calls import ExecutedCall, ScoreExtra
 from case_env.core.personas import PersonaSpec, load_personas
 from case_env.core.policy import Policy
 from case_env.core.problems import Problems
@@ -179,6 +179,7 @@ class Environment:
     tools_package: ClassVar[str]
     personas_package: ClassVar[str]
     context_model: ClassVar[type[BaseModel] | None] = None
+    score_extra: ClassVar[type[ScoreExtra]] = ScoreExtra  # the part of extra_info its reward reads
     bank_options: ClassVar[type[BankOptions]] = BankOptions
     synth_options: ClassVar[type[SynthOptions]] = SynthOptions
     required_extra: ClassVar[tuple[str, ...]] = ()  # extra_info keys its rows need beyond the common ones

@@ -21,12 +21,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from case_env import __version__
 from case_env.core import registry
 from case_env.core.environment import Environment
+from case_env.core.problems import describe_errors
 from case_env.core.tools import ErrorCode
 from case_env.server.admission import Admission
 from case_env.server.audit import AuditLog
 from case_env.server.auth import AuthError
 from case_env.server.episodes import EpisodeStore
-from case_env.server.errors import INTERNAL_MESSAGE, describe, error_response, short
+from case_env.server.errors import INTERNAL_MESSAGE, error_response, short
 from case_env.server.fastpath import ToolServer
 from case_env.server.limits import BodyLimit
 from case_env.server.metrics import Metrics
@@ -222,7 +223,7 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError):
-        message = short("invalid request: " + describe(exc.errors()))
+        message = short("invalid request: " + describe_errors(exc.errors()))
         request.app.state.server.audit.refusal(
             request.method, request.url.path, ErrorCode.INVALID_REQUEST.value, 422
         )
@@ -244,4 +245,8 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception):
         log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return error_response(ErrorCode.INTERNAL, INTERNAL_MESSAGE, status=500)
+        # Starlette raises the error again once this answer is sent, and uvicorn then closes the connection:
+        # the answer says so, so that a keep-alive client opens a new one instead of meeting a reset
+        return error_response(
+            ErrorCode.INTERNAL, INTERNAL_MESSAGE, status=500, headers={"Connection": "close"}
+        )

@@ -46,16 +46,3 @@ def error_response(
 def short(text: str, limit: int = 300) -> str:
     """Bound what is echoed back from client input."""
     return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def describe(errors: list[dict], prefix: tuple = ()) -> str:
-    """Validation errors as one line of `where: what` parts (the first five), `prefix` before each place."""
-    problems = []
-    for error in errors[:5]:
-        if error.get("type") == "json_invalid":
-            problems.append("the body is not valid JSON")
-            continue
-        where = ".".join(str(p) for p in (*prefix, *error.get("loc", ())) if p != "body") or "body"
-        problems.append(f"{where}: {error.get('msg', 'invalid')}")
-    more = len(errors) - 5
-    return "; ".join(problems) + (f"; and {more} more" if more > 0 else "")

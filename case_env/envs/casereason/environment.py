@@ -26,6 +26,7 @@ from case_env.core.problems import Problems
 from case_env.core.store import check_case_files, load_text_cases
 from case_env.envs.casereason import evaluation
 from case_env.envs.casereason.context import ReasoningContext, ReasoningEpisode
+from case_env.envs.casereason.reward import ReasoningScoreExtra
 
 if TYPE_CHECKING:
     from case_env.envs.casereason.store import CaseReasonStore
@@ -57,6 +58,7 @@ class CaseReasonEnvironment(Environment):
     tools_package = "case_env.tools.casereason"
     personas_package = "case_env.personas.casereason"
     context_model = ReasoningEpisode
+    score_extra = ReasoningScoreExtra
     bank_options = ReasoningBankOptions
     required_extra = ("casereason",)
     agents = ("reader", "symptoms")

@@ -18,11 +18,12 @@ one. Keys: score, acc, pred, format_ok, judge, recall, attempts, first_correct.
 
 from __future__ import annotations
 
-import json
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from case_env.core.answers import ANSWER_TAG, final_segment, last_answer, model_text
-from case_env.core.calls import ExecutedCall, executed_calls
+from case_env.core.calls import ExecutedCall, ScoreExtra, decoded, executed_calls
 from case_env.core.llm import ChatClient, default_judge
 from case_env.core.tags import Tagged
 from case_env.envs.casereason.judge import judge
@@ -48,10 +49,27 @@ def extract_answer(text: str, extraction: str = "strict") -> tuple[str | None, b
     return reply.strip() or None, False
 
 
+class ReasoningRecord(BaseModel):
+    """`extra_info.casereason` as the reward reads it (case_env/envs/casereason/bank.py writes it)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    mode: Literal["independent", "sequential"] = "independent"
+    attempts: int = Field(1, ge=1, le=100)
+    statements: list[str] = Field(default_factory=list)
+    recall_weight: float = Field(0.0, ge=0)
+    extraction: Literal["strict", "reference"] = "strict"
+    eval_extraction: Literal["strict", "reference"] = "reference"
+
+
+class ReasoningScoreExtra(ScoreExtra):
+    casereason: Annotated[ReasoningRecord | None, BeforeValidator(decoded)] = None
+
+
 def settings_of(extra_info: dict | None) -> dict:
     extra = extra_info if isinstance(extra_info, dict) else {}
-    block = extra.get("casereason") or {}
-    return json.loads(block) if isinstance(block, str) else dict(block)
+    record = ReasoningScoreExtra.model_validate(extra).casereason or ReasoningRecord()
+    return record.model_dump()
 
 
 def attempts_of(calls: list[ExecutedCall], final: str | None) -> list[str]:

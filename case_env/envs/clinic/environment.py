@@ -28,6 +28,7 @@ from case_env.core.problems import Problems
 from case_env.core.store import check_case_files, load_text_cases
 from case_env.envs.clinic import evaluation
 from case_env.envs.clinic.context import ClinicContext, ClinicEpisode
+from case_env.envs.clinic.reward import ClinicScoreExtra
 
 if TYPE_CHECKING:
     from case_env.envs.clinic.store import ClinicStore
@@ -63,6 +64,7 @@ class ClinicEnvironment(Environment):
     tools_package = "case_env.tools.clinic"
     personas_package = "case_env.personas.clinic"
     context_model = ClinicEpisode
+    score_extra = ClinicScoreExtra
     bank_options = ClinicBankOptions
     synth_options = ClinicSynthOptions
     required_extra = ("clinic", "noise")

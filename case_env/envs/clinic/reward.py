@@ -26,15 +26,22 @@ condition matched), `acc_lenient` at least one, as MedExAgent's evaluation repor
 
 from __future__ import annotations
 
-import json
 from collections import Counter
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from case_env.core import registry
 from case_env.core.answers import ANSWER_TAG, TOOL_RESPONSE, final_segment, last_answer
-from case_env.core.calls import FIELD, TOOL_CALL, ExecutedCall, executed_calls, written_calls
+from case_env.core.calls import (
+    FIELD,
+    TOOL_CALL,
+    ExecutedCall,
+    ScoreExtra,
+    decoded,
+    executed_calls,
+    written_calls,
+)
 from case_env.core.llm import ChatClient, default_judge
 from case_env.core.tags import Tagged
 from case_env.envs.clinic import medexagent_reward as mx
@@ -84,6 +91,21 @@ class RewardWeights(BaseModel):
         0.75, ge=0, le=1, description="strict: share of a work-up exam's charge waived, first order only."
     )
     judge_temperature: float = Field(mx.JUDGE_TEMPERATURE, ge=0, le=2, description="The judge's temperature.")
+
+
+class ClinicRecord(BaseModel):
+    """`extra_info.clinic` as the reward reads it: the bank's reward and the case's work-up (exam strings)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    reward: RewardWeights = Field(default_factory=RewardWeights)
+    exams: list[str] = Field(default_factory=list)
+
+
+class ClinicScoreExtra(ScoreExtra):
+    clinic: Annotated[ClinicRecord | None, BeforeValidator(decoded)] = (
+        None  # a JSON string in MedExAgent's parquet
+    )
 
 
 def as_tool(name: str, arguments: dict) -> mx.Tool:
@@ -137,10 +159,10 @@ def tool_turns(turns: list[tuple[int, list[mx.Tool]]]) -> tuple[int, int]:
     return attempts, errors
 
 
-def workup(extra_clinic: dict) -> dict[ExamCall, mx.Tool]:
+def workup(exams: list[str]) -> dict[ExamCall, mx.Tool]:
     """The recorded work-up as MedExAgent's executor holds it: one entry per distinct exam, as written."""
     found: dict[ExamCall, mx.Tool] = {}
-    for spelled in extra_clinic.get("exams") or []:
+    for spelled in exams:
         try:
             name, arguments = read_exam_string(spelled)
             found[exam_call(name, arguments)] = (name, arguments)
@@ -223,11 +245,9 @@ def clinic_score(
     solution_str: str, ground_truth: str, extra_info: dict | None = None, client: ChatClient | None = None
 ) -> dict[str, Any]:
     extra = extra_info if isinstance(extra_info, dict) else {}
-    clinic = extra.get("clinic") or {}
-    if isinstance(clinic, str):
-        clinic = json.loads(clinic)
-    weights = RewardWeights.model_validate(clinic.get("reward") or {})
-    recorded = workup(clinic)
+    record = ClinicScoreExtra.model_validate(extra).clinic or ClinicRecord()
+    weights = record.reward
+    recorded = workup(record.exams)
     truth = list(recorded.values())
     prediction = read_diagnosis(solution_str)
     verdict = diagnosis_verdict(prediction, str(ground_truth or ""), weights, client or default_judge())

@@ -10,10 +10,9 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, Field
 
-from case_env.core import registry
 from case_env.core.registry import RegistryError
 from case_env.core.tools import ErrorCode
-from case_env.reward import capped
+from case_env.reward import RowError, capped, environment_of
 from case_env.server.auth import require_token
 from case_env.server.errors import BAD_BODY, UNAUTHORIZED, error_response, short
 
@@ -60,8 +59,8 @@ class ScoreResponse(BaseModel):
 )
 async def score(body: ScoreRequest, request: Request) -> Response:
     try:
-        env = registry.for_row(body.data_source, body.extra_info)
-    except RegistryError as exc:
+        env = environment_of(body.data_source, body.extra_info)
+    except (RegistryError, RowError) as exc:
         return error_response(ErrorCode.INVALID_REQUEST, short(f"invalid request: {exc}"), status=422)
     # off the event loop (a judge's HTTP round trips), with a deadline: a slow judge or a pathological row
     # costs its own caller a zero, never the server a stall

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ValidationError
 
 from case_env.core.environment import Environment
 from case_env.core.errors import DataError, MissingDataError
+from case_env.core.problems import describe_errors
 from case_env.core.resident import NotResidentError, resident_only
 from case_env.core.tools import (
     ErrorCode,
@@ -38,7 +39,7 @@ from case_env.core.tools import (
 )
 from case_env.server.auth import require_token
 from case_env.server.episodes import Call
-from case_env.server.errors import BAD_BODY, UNAUTHORIZED, describe, error_response, short, status_of
+from case_env.server.errors import BAD_BODY, UNAUTHORIZED, error_response, short, status_of
 from case_env.server.models import (
     EnvironmentInfo,
     ErrorInfo,
@@ -256,7 +257,7 @@ async def _admitted(state: ServerState, name: str, body: ToolCallRequest, starte
         try:
             episode = env.context_model.model_validate(body.context or {})
         except ValidationError as exc:
-            message = short("invalid request: " + describe(exc.errors(), ("context",)))
+            message = short("invalid request: " + describe_errors(exc.errors(), ("context",)))
             return Outcome.failure(ErrorCode.INVALID_REQUEST, message)
     return await _run(state, env_name, env, spec, episode, body, started)
 
