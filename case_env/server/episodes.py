@@ -22,6 +22,7 @@ id, bound anew to another patient elsewhere, is never held to its old patient he
 from __future__ import annotations
 
 import json
+import logging
 import random
 import sqlite3
 import time
@@ -47,6 +48,9 @@ CREATE TABLE call_batches (
 """
 
 _EPISODES_PER_UPDATE = 150  # 750 parameters a statement: below the 999 that SQLite before 3.32 allows
+
+
+log = logging.getLogger(__name__)
 
 
 class Call(NamedTuple):  # a tuple, not a frozen dataclass, whose __init__ cost 2 % of a cheap call
@@ -265,22 +269,35 @@ class _Batch:
 
 def _calls_json(batch: _Batch) -> str:
     """An episode's calls of one flush as one JSON array, each call a short array (`_call_record` reads
-    it), by pydantic-core's serialiser: a tenth of the cost of `json.dumps` of a dict per call."""
-    return pydantic_core.to_json(
-        [
-            (
-                now,
-                call.tool,
-                call.arguments,
-                call.status,
-                call.http_status,
-                round(call.latency_ms, 3),
-                call.digest,
-            )
-            for call, now in zip(batch.calls, batch.times, strict=True)
-        ],
-        fallback=str,
-    ).decode()
+    it), by pydantic-core's serialiser: a tenth of the cost of `json.dumps` of a dict per call. A call that
+    cannot be serialised is written with its arguments replaced by the reason, and logged; the other calls
+    of the episode, and every other episode of the flush, are written as they are."""
+    rows = [_stored(call, now) for call, now in zip(batch.calls, batch.times, strict=True)]
+    try:
+        return pydantic_core.to_json(rows, fallback=str).decode()
+    except (ValueError, RecursionError, pydantic_core.PydanticSerializationError):
+        return "[" + ",".join(_one_row(row) for row in rows) + "]"
+
+
+def _stored(call: Call, now: float) -> tuple:
+    return (
+        now,
+        call.tool,
+        call.arguments,
+        call.status,
+        call.http_status,
+        round(call.latency_ms, 3),
+        call.digest,
+    )
+
+
+def _one_row(row: tuple) -> str:
+    try:
+        return pydantic_core.to_json(row, fallback=str).decode()
+    except (ValueError, RecursionError, pydantic_core.PydanticSerializationError) as exc:
+        log.warning("a %s call's arguments could not be written to the episode log: %s", row[1], exc)
+        unwritable = {"_unrecorded": f"the arguments could not be written: {type(exc).__name__}"}
+        return pydantic_core.to_json((*row[:2], unwritable, *row[3:]), fallback=str).decode()
 
 
 def _call_record(seq: int, stored: list) -> dict:

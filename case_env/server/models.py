@@ -46,29 +46,40 @@ class ToolCallRequest(BaseModel):
 
     @field_validator("arguments", "context")
     @classmethod
-    def _unicode_text(cls, value: Any, info: ValidationInfo) -> Any:
-        """JSON may spell a lone surrogate (\\ud800) that no UTF-8 text can hold; refuse it here, before it
-        reaches a tool, the audit log or the response encoder. pydantic's own JSON parser refuses one
-        already (the fast path's `model_validate_json`); `json.loads`, which FastAPI's route uses, does not."""
-        if info.mode != "json":
-            _check_text(value)
+    def _bounded_text(cls, value: Any, info: ValidationInfo) -> Any:
+        """Arguments and context nest at most MAX_DEPTH levels and hold at most MAX_NODES values: a call that
+        nested 300 levels once passed here and then failed the episode log's serialiser, losing the other
+        episodes' calls of that flush (issue 31). JSON may also spell a lone surrogate (\\ud800) that no
+        UTF-8 text can hold; refuse it here, before it reaches a tool, the audit log or the response encoder.
+        pydantic's own JSON parser refuses one already (the fast path's `model_validate_json`); `json.loads`,
+        which FastAPI's route uses, does not."""
+        _check_shape(value, surrogates=info.mode != "json")
         return value
 
 
-def _check_text(value: Any) -> None:
-    pending = [value]  # iterative: arguments can nest as deep as the JSON parser allows
+MAX_DEPTH = 16  # a tool's arguments are scalars and enums (docs/architecture.md); context nests a few levels
+MAX_NODES = 4096
+
+
+def _check_shape(value: Any, surrogates: bool) -> None:
+    pending = [(value, 0)]  # iterative: the JSON parser allows deeper nesting than Python's stack
+    nodes = 0
     while pending:
-        item = pending.pop()
+        item, depth = pending.pop()
+        nodes += 1
+        if nodes > MAX_NODES:
+            raise ValueError(f"more than {MAX_NODES} values")
         if isinstance(item, str):
-            try:
-                item.encode("utf-8")
-            except UnicodeEncodeError:
-                raise ValueError("text must be valid Unicode (found a lone surrogate)") from None
-        elif isinstance(item, dict):
-            pending.extend(item.keys())
-            pending.extend(item.values())
-        elif isinstance(item, list):
-            pending.extend(item)
+            if surrogates:
+                try:
+                    item.encode("utf-8")
+                except UnicodeEncodeError:
+                    raise ValueError("text must be valid Unicode (found a lone surrogate)") from None
+        elif isinstance(item, dict | list):
+            if depth >= MAX_DEPTH:
+                raise ValueError(f"nested deeper than {MAX_DEPTH} levels")
+            children = [*item.keys(), *item.values()] if isinstance(item, dict) else item
+            pending.extend((child, depth + 1) for child in children)
 
 
 class ImagePayload(BaseModel):
