@@ -282,13 +282,14 @@ def test_submit_diagnosis_on_the_live_server(dataset, tmp_path):
         assert post("gout", ["migraine"])["text"].startswith("Incorrect. Reconsider")
         last = post("lupus", ["migraine", "gout"])["text"]
         assert last == "Incorrect. That was the last of 3 attempts; give your final answer."
-        assert (
-            post(case.diagnosis, ["a", "b", "c"])["text"]
-            == "No attempts left (3 of 3 used). Give your final answer."
-        )
-        right = post(case.diagnosis.upper(), [])["text"]
+        # the budget is spent on the server's record of the episode, whatever the context claims
+        assert post(case.diagnosis, [])["text"] == "No attempts left (3 of 3 used). Give your final answer."
+        right = post(case.diagnosis.upper(), [], episode="ep-right")["text"]
         assert right == "Correct. Give this diagnosis as your final answer."
-        assert all(case.diagnosis.lower() not in post(x, [])["text"].lower() for x in ("gout", "lupus"))
+        assert all(
+            case.diagnosis.lower() not in post(x, [], episode=f"ep-{x}")["text"].lower()
+            for x in ("gout", "lupus")
+        )
         other = post("x", [], episode="ep-img")
         assert other["ok"] and "Incorrect" in other["text"]
         import httpx

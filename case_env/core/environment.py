@@ -225,6 +225,15 @@ class Environment:
         calls so far (the server keeps no conversation state). None: nothing."""
         return None
 
+    # Whether the server rebuilds part of a call's context from its own record of the episode (`held_context`)
+    # instead of trusting what the client sent: where the context is a budget the episode spends.
+    context_from_log: ClassVar[bool] = False
+
+    def held_context(self, sent: BaseModel, calls: Sequence[ExecutedCall]) -> BaseModel:
+        """The context a call runs with, given what the client `sent` and the calls the server recorded for
+        the episode, oldest first."""
+        return sent
+
     # -- banks and rewards ------------------------------------------------------------------------------
     def build_bank(self, options: BankOptions) -> BankBuild:
         raise NotImplementedError

@@ -33,6 +33,7 @@ from typing import NamedTuple
 
 import pydantic_core
 
+from case_env.core.calls import ExecutedCall
 from case_env.server.bindings import Bindings
 
 _LAYOUT = 2  # PRAGMA user_version of this layout; a database of another is laid out anew
@@ -191,6 +192,13 @@ class EpisodeStore:
                 parameters,
             ).fetchall()
         return counted
+
+    def calls(self, episode_id: str) -> list[ExecutedCall]:
+        """The recorded calls of an episode, oldest first (those the cap of calls per episode keeps)."""
+        found = self.get(episode_id)
+        if found is None:
+            return []
+        return [ExecutedCall(c["tool"], c["arguments"], c["status"]) for c in found["calls"]]
 
     def get(self, episode_id: str) -> dict | None:
         """A live episode: its binding from the shared table (a call another worker answered a moment ago

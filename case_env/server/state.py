@@ -65,6 +65,12 @@ class ServerState:
                 return name
         return None
 
+    def holds_context(self, tool: str) -> bool:
+        """Whether a call of `tool` changes the context the server holds for its episode (it then writes the
+        episode log at once, so that the episode's next call on any worker reads it)."""
+        owner = self.tool_env.get(tool)
+        return owner is not None and self.environments[owner].context_from_log
+
     def fingerprint(self, env: str, patient_id: str) -> tuple:
         """What the response cache keys a case's answers under (its files' stats, or nothing for cases
         read once per worker)."""

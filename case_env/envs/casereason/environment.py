@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field
+from pydantic import BaseModel, Field
 
 from case_env.core.bank import Item
 from case_env.core.calls import ExecutedCall
@@ -75,10 +75,15 @@ class CaseReasonEnvironment(Environment):
         return ReasoningContext(store, patient_id, episode)
 
     def episode_context(self, create: Mapping[str, Any], calls: Sequence[ExecutedCall]) -> dict:
-        submissions = [
-            str(c.arguments.get("diagnosis", "")) for c in calls if c.tool == "submit_diagnosis" and c.ok
-        ]
-        return {"attempts": int(create.get("attempts") or 1), "submissions": submissions}
+        return {"attempts": int(create.get("attempts") or 1), "submissions": _submitted(calls)}
+
+    # the attempt budget is spent on the server's own count: a client that sent no submissions each time
+    # had every attempt judged (issue 31)
+    context_from_log = True
+
+    def held_context(self, sent: BaseModel, calls: Sequence[ExecutedCall]) -> BaseModel:
+        assert isinstance(sent, ReasoningEpisode)
+        return sent.model_copy(update={"submissions": _submitted(calls)})
 
     # -- banks and rewards ------------------------------------------------------------------------------
     def build_bank(self, options: BankOptions) -> BankBuild:
@@ -160,3 +165,8 @@ class CaseReasonEnvironment(Environment):
 
     def summary_lines(self, results: dict) -> list[str]:
         return evaluation.summary_lines(results)
+
+
+def _submitted(calls: Sequence[ExecutedCall]) -> list[str]:
+    """The diagnoses an episode submitted and had judged, oldest first."""
+    return [str(c.arguments.get("diagnosis", "")) for c in calls if c.tool == "submit_diagnosis" and c.ok]

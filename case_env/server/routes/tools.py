@@ -171,6 +171,8 @@ async def answer(
             body.patient_id,
             Call(name, body.arguments, status, outcome.status, latency_ms, outcome.digest),
         )
+        if state.holds_context(name):
+            state.episodes.flush()  # now, not at the next tick: the episode's next call may reach another worker
     return outcome.status, outcome.headers, answer_json(outcome, name, body.episode_id, latency_ms)
 
 
@@ -259,6 +261,8 @@ async def _admitted(state: ServerState, name: str, body: ToolCallRequest, starte
         except ValidationError as exc:
             message = short("invalid request: " + describe_errors(exc.errors(), ("context",)))
             return Outcome.failure(ErrorCode.INVALID_REQUEST, message)
+        if env.context_from_log:
+            episode = env.held_context(episode, state.episodes.calls(body.episode_id))
     return await _run(state, env_name, env, spec, episode, body, started)
 
 
