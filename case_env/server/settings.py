@@ -32,6 +32,14 @@ class ServerSettings(BaseSettings):
     )
     retry_after_s: int = Field(1, ge=1, description="Retry-After seconds sent with 429 and 503.")
     tool_deadline_s: float = Field(20.0, gt=0, description="Per-call deadline; past it the call answers 504.")
+    head_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="A connection's request head must arrive within this of opening or of its last response.",
+    )
+    body_timeout_s: float = Field(
+        30.0, gt=0, description="A request's body must arrive within this of its head."
+    )
     score_deadline_s: float = Field(
         30.0,
         gt=0,
