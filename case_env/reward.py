@@ -45,14 +45,13 @@ class RowError(ValueError):
 
 
 def environment_of(data_source: str, extra_info: dict | None) -> Environment:
-    """The row's environment, its part of `extra_info` checked against the environment's model (the field
-    path of each problem in the error)."""
-    env = registry.for_row(data_source, extra_info)
+    """The row's environment, once its `extra_info` passed the rewards' model (`registry.row_extra`; a
+    RowError names the path of each problem)."""
     try:
-        env.score_extra.model_validate(extra_info if isinstance(extra_info, dict) else {})
+        registry.row_extra().model_validate(extra_info if isinstance(extra_info, dict) else {})
     except ValidationError as exc:
         raise RowError(describe_errors(exc.errors(include_url=False), ("extra_info",))) from None
-    return env
+    return registry.for_row(data_source, extra_info)
 
 
 def compute_score(

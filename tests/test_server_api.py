@@ -294,15 +294,32 @@ def test_openapi_is_valid_and_complete(server):
     validate(spec)
     assert {
         "/v1/tools",
-        "/v1/tools/{name}",
+        "/v1/tools/list_visits",
+        "/v1/tools/ask_patient",
+        "/v1/tools/submit_diagnosis",
         "/v1/episodes/{episode_id}",
         "/healthz",
         "/readyz",
         "/metrics",
     } <= set(spec["paths"])
+    # the document says what the server does (case_env/server/contract.py): a path per tool, its body with
+    # its environment's context model or none, `env` one of the hosted environments, extra_info the rewards'
+    assert "/v1/tools/{name}" not in spec["paths"]
     schemas = spec["components"]["schemas"]
+    assert "context" not in schemas["ToolCall_imaging"]["properties"]
+    assert {"$ref": "#/components/schemas/ClinicEpisode"} in schemas["ToolCall_clinic"]["properties"][
+        "context"
+    ]["anyOf"]
+    ask = spec["paths"]["/v1/tools/ask_patient"]["post"]["requestBody"]["content"]["application/json"][
+        "schema"
+    ]
+    assert ask == {"$ref": "#/components/schemas/ToolCall_clinic"}
+    (env,) = [p for p in spec["paths"]["/v1/tools"]["get"]["parameters"] if p["name"] == "env"]
+    assert {"type": "string", "enum": ["casereason", "clinic", "imaging"]} in env["schema"]["anyOf"]
+    extra = schemas["ScoreRequest"]["properties"]["extra_info"]["anyOf"]
+    assert {"$ref": "#/components/schemas/RowExtra"} in extra
+    assert set(schemas["RowExtra"]["properties"]) >= {"env", "case_env_tool_calls", "clinic", "casereason"}
     for model in (
-        "ToolCallRequest",
         "ToolCallResponse",
         "ImagePayload",
         "ErrorInfo",
@@ -313,8 +330,8 @@ def test_openapi_is_valid_and_complete(server):
         "ReadyResponse",
     ):
         assert model in schemas, model
-    assert schemas["ToolCallRequest"]["properties"]["episode_id"]["description"]
-    responses = spec["paths"]["/v1/tools/{name}"]["post"]["responses"]
+    assert schemas["ToolCall_imaging"]["properties"]["episode_id"]["description"]
+    responses = spec["paths"]["/v1/tools/list_visits"]["post"]["responses"]
     assert {"200", "401", "403", "404", "422", "429", "503", "504"} <= set(responses)
 
 

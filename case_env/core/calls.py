@@ -71,10 +71,11 @@ class ExecutedCall:
         )
 
 
-class CallRecord(BaseModel):
-    """One executed call as a row's `extra_info` carries it (`ExecutedCall.record()`): what `/v1/score` checks."""
+class RecordedCall(BaseModel):
+    """One executed call as a row's `extra_info` carries it (`ExecutedCall.record()`): what `/v1/score` checks.
+    Strict, as /openapi.json describes it: "3" is not a number of attempts."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
 
     tool: str
     arguments: dict[str, Any] = Field(default_factory=dict)
@@ -103,7 +104,7 @@ class ScoreExtra(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     env: str | None = None
-    case_env_tool_calls: list[CallRecord] | None = None
+    case_env_tool_calls: list[RecordedCall] | None = None
 
 
 def _convert(value: str, kind: str | None) -> Any:

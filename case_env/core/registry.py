@@ -14,7 +14,9 @@ from __future__ import annotations
 import logging
 from functools import cache
 from importlib.metadata import entry_points
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, create_model
 
 from case_env.core.environment import Environment
 from case_env.core.tools import ToolSpec
@@ -120,6 +122,23 @@ def for_tool(tool: str) -> Environment | None:
     return get(owner) if owner else None
 
 
+@cache
+def row_extra() -> type[BaseModel]:
+    """The part of a row's `extra_info` any reward reads, as one model: every environment's `score_extra`
+    merged, `env` one of the registered names. A row is checked against all of it whichever environment
+    scores it: a malformed block is malformed wherever the row is routed, and /openapi.json can say exactly
+    what /v1/score accepts."""
+    environments = _loaded()[0]
+    bases = tuple(dict.fromkeys(env.score_extra for env in environments.values()))
+    names = Literal.__getitem__(tuple(sorted(environments)))  # type: ignore[attr-defined]
+    return create_model(
+        "RowExtra",
+        __base__=bases,
+        __doc__="A row's extra_info as the rewards read it (more keys are kept and not read).",
+        env=(names | None, Field(None, description="The environment that scores the row.")),
+    )
+
+
 def for_row(data_source: str, extra_info: dict[str, Any] | None = None) -> Environment:
     """The environment of a row: `extra_info.env`, else its data source's, else the default one."""
     named = (extra_info or {}).get("env") if isinstance(extra_info, dict) else None
@@ -134,5 +153,5 @@ def reload() -> None:
     import importlib
 
     importlib.invalidate_caches()
-    for cached in (_loaded, _tool_owners, _source_owners, tool_parameters):
+    for cached in (_loaded, _tool_owners, _source_owners, tool_parameters, row_extra):
         cached.cache_clear()

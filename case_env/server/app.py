@@ -23,9 +23,10 @@ from case_env.core import registry
 from case_env.core.environment import Environment
 from case_env.core.problems import describe_errors
 from case_env.core.tools import ErrorCode
+from case_env.server import contract
 from case_env.server.admission import Admission
 from case_env.server.audit import AuditLog
-from case_env.server.auth import AuthError
+from case_env.server.auth import AuthError, TokenGate
 from case_env.server.episodes import EpisodeStore
 from case_env.server.errors import INTERNAL_MESSAGE, error_response, short
 from case_env.server.fastpath import ToolServer
@@ -193,16 +194,20 @@ def create_app(
         version=__version__,
         description=DESCRIPTION,
         lifespan=lifespan,
+        # no 307 from /v1/tools/x/ to /v1/tools/x: Starlette built its Location from the request's Host header
+        redirect_slashes=False,
         **_telemetry(settings),
     )
     app.add_middleware(
         BodyLimit, max_bytes=settings.max_body_bytes, per_path={"/v1/score": settings.max_score_body_bytes}
     )
+    app.add_middleware(TokenGate)  # added last, so outermost: the token before the body limit and validation
     app.include_router(ops.router)
     app.include_router(tools.router)
     app.include_router(episodes.router)
     app.include_router(score.router)
     _install_error_handlers(app)
+    contract.install(app, hosted, tool_env)
     return app
 
 

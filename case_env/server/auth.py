@@ -1,15 +1,19 @@
 """Bearer-token check for /v1 routes and /metrics (constant-time comparison).
 
-Declared through FastAPI's `HTTPBearer`, so /openapi.json names the scheme on every route that needs it and
-clients and fuzzers can see which routes take a token.
+`TokenGate` checks it in front of everything else, so a caller without the token learns nothing about a
+route: not whether its body is well formed (422), too large (413) or its path redirected (issue 31 found a
+malformed body answered 422 before 401). The routes still declare FastAPI's `HTTPBearer` dependency, so
+/openapi.json names the scheme on every route that needs it.
 """
 
 from __future__ import annotations
 
 import hmac
+import json
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from case_env.core.tools import ErrorCode
 
@@ -40,3 +44,43 @@ async def require_token(
     if not token_matches(credentials, token.get_secret_value()):
         state.audit.refusal(request.method, request.url.path, ErrorCode.UNAUTHORIZED.value, 401)
         raise AuthError
+
+
+def presented_bearer(authorization: bytes | None, token: str) -> bool:
+    """An `Authorization` header's bearer token against the server's."""
+    scheme, _, presented = (authorization or b"").decode("latin-1").partition(" ")
+    return scheme.lower() == "bearer" and presented_matches(presented, token)
+
+
+def guarded(path: str) -> bool:
+    """The paths that take the token: every /v1 route and /metrics."""
+    return path.startswith("/v1/") or path in ("/v1", "/metrics")
+
+
+_UNAUTHORIZED = json.dumps(
+    {"ok": False, "error": {"code": "unauthorized", "message": "missing or invalid bearer token"}}
+).encode()
+
+
+class TokenGate:
+    """401 for a guarded path without the token, before the body is read or the route looked up."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and guarded(scope["path"]):
+            state = scope["app"].state.server
+            token = state.settings.token
+            authorization = dict(scope["headers"]).get(b"authorization")
+            if token is not None and not presented_bearer(authorization, token.get_secret_value()):
+                state.audit.refusal(scope["method"], scope["path"], ErrorCode.UNAUTHORIZED.value, 401)
+                headers = [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", b"%d" % len(_UNAUTHORIZED)),
+                    (b"www-authenticate", b"Bearer"),
+                ]
+                await send({"type": "http.response.start", "status": 401, "headers": headers})
+                await send({"type": "http.response.body", "body": _UNAUTHORIZED})
+                return
+        await self.app(scope, receive, send)

@@ -23,7 +23,7 @@ from pydantic import ValidationError
 from starlette.types import Receive, Scope, Send
 
 from case_env.core.tools import ErrorCode
-from case_env.server.auth import presented_matches
+from case_env.server.auth import presented_bearer
 from case_env.server.errors import INTERNAL_MESSAGE, error_response
 from case_env.server.limits import read_body, replaying
 from case_env.server.models import ToolCallRequest
@@ -103,9 +103,4 @@ def _json(kind: bytes | None) -> bool:
 
 def _authorised(authorization: bytes | None, state) -> bool:
     token = state.settings.token
-    if token is None:
-        return True
-    scheme, _, presented = (authorization or b"").decode("latin-1").partition(" ")
-    if scheme.lower() != "bearer":
-        return False
-    return presented_matches(presented, token.get_secret_value())
+    return token is None or presented_bearer(authorization, token.get_secret_value())

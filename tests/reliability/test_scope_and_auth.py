@@ -150,33 +150,34 @@ def _routes(url: str) -> list[tuple[str, str]]:
         for method, op in item.items()
         if op.get("security")
     ]
-    assert {path for _, path in routes} >= {"/metrics", "/v1/tools", "/v1/tools/{name}", "/v1/score"}
+    # one path per tool (case_env/server/contract.py)
+    assert {path for _, path in routes} >= {"/metrics", "/v1/tools", "/v1/tools/list_visits", "/v1/score"}
     assert all(path.startswith("/v1/") or path == "/metrics" for _, path in routes)
     assert {p for p in spec["paths"] if p.startswith("/v1/")} <= {p for _, p in routes}
     return routes
 
 
 async def _auth(client: Client, routes: list[tuple[str, str]]) -> tuple[int, int]:
-    bodies = {
-        "/v1/score": {"data_source": "x", "solution_str": "<answer>A</answer>", "ground_truth": "A"},
-        "/v1/tools/{name}": {"episode_id": "auth-probe", "patient_id": "case0001", "arguments": {}},
-    }
+    score = {"data_source": "x", "solution_str": "<answer>A</answer>", "ground_truth": "A"}
+    call = {"episode_id": "auth-probe", "patient_id": "case0001", "arguments": {}}
     attempts = [{}, {"Authorization": TOKEN}] + [{"Authorization": f"Bearer {w}"} for w in WRONG]
     refused = answered = 0
     async with httpx.AsyncClient(timeout=30) as http:
         for method, path in routes:
-            target = client.url + path.replace("{name}", "list_visits").replace("{episode_id}", "auth-probe")
+            target = client.url + path.replace("{episode_id}", "auth-probe")
+            tool = path.removeprefix("/v1/tools/") if path.startswith("/v1/tools/") else None
+            body = call if tool else score if path == "/v1/score" else None
             for headers in attempts:
-                response = await http.request(method, target, json=bodies.get(path), headers=headers)
-                if path == "/v1/tools/{name}":
-                    client.seen[("list_visits", response.status_code)] += 1
+                response = await http.request(method, target, json=body, headers=headers)
+                if tool:
+                    client.seen[(tool, response.status_code)] += 1
                 if response.status_code == 401 and response.headers.get("www-authenticate") == "Bearer":
                     refused += 1
                 else:
                     answered += 1
-            allowed = await http.request(method, target, json=bodies.get(path), headers=GOOD)
-            if path == "/v1/tools/{name}":
-                client.seen[("list_visits", allowed.status_code)] += 1
+            allowed = await http.request(method, target, json=body, headers=GOOD)
+            if tool:
+                client.seen[(tool, allowed.status_code)] += 1
             assert allowed.status_code in (200, 404), (
                 path,
                 allowed.text,

@@ -52,7 +52,7 @@ def extract_answer(text: str, extraction: str = "strict") -> tuple[str | None, b
 class ReasoningRecord(BaseModel):
     """`extra_info.casereason` as the reward reads it (case_env/envs/casereason/bank.py writes it)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
 
     mode: Literal["independent", "sequential"] = "independent"
     attempts: int = Field(1, ge=1, le=100)

@@ -77,7 +77,7 @@ KEYS = (
 class RewardWeights(BaseModel):
     """A bank's reward: profile and weights (MedExAgent's RL config by default)."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)  # as /openapi.json says: "1.0" is not a number
 
     profile: Literal["medexagent", "strict"] = Field("medexagent", description="Which rule scores exams.")
     dx: float = Field(1.0, description="Weight of the diagnosis Jaccard (MedExAgent w_diagnosis).")
@@ -96,7 +96,7 @@ class RewardWeights(BaseModel):
 class ClinicRecord(BaseModel):
     """`extra_info.clinic` as the reward reads it: the bank's reward and the case's work-up (exam strings)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
 
     reward: RewardWeights = Field(default_factory=RewardWeights)
     exams: list[str] = Field(default_factory=list)

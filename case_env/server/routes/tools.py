@@ -257,7 +257,8 @@ async def _admitted(state: ServerState, name: str, body: ToolCallRequest, starte
         episode = None
     else:
         try:
-            episode = env.context_model.model_validate(body.context or {})
+            # strict, as /openapi.json describes the model: "1" is not an exam slot
+            episode = env.context_model.model_validate(body.context or {}, strict=True)
         except ValidationError as exc:
             message = short("invalid request: " + describe_errors(exc.errors(), ("context",)))
             return Outcome.failure(ErrorCode.INVALID_REQUEST, message)

@@ -1,0 +1,91 @@
+"""/openapi.json as the server behaves: what a client may send is what the server accepts.
+
+FastAPI documents the routes as written, and two are generic: `POST /v1/tools/{name}` takes any tool name and
+a `context` of any shape, `GET /v1/tools?env=` any string, and `/v1/score` any `extra_info`. The server is
+stricter, as it should be, so a client reading the document (schemathesis did, issue 31) met refusals of
+requests the document allowed. Here the document is rewritten from what the server hosts: one path per tool,
+whose body carries the context model of the tool's environment (or no context), `env` as the hosted names,
+and `extra_info` as the rewards' model (`registry.row_extra`). The generic route still answers every call,
+and an unknown tool still gets its model-fault answer; it is left out of the document because no client
+should call it.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from fastapi import FastAPI
+from pydantic import BaseModel
+
+from case_env.core import registry
+from case_env.core.environment import Environment
+
+GENERIC = "/v1/tools/{name}"
+
+
+def install(app: FastAPI, hosted: dict[str, Environment], tool_env: dict[str, str]) -> None:
+    """Replace the app's OpenAPI document by one rewritten for what it hosts (built once, on first use)."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = copy.deepcopy(build())
+            _hosted_names(schema, hosted)
+            _tool_paths(schema, hosted, tool_env)
+            _score_rows(schema)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _component(schema: dict, model: type[BaseModel]) -> dict:
+    """A `$ref` to `model`, its schema (and those it refers to) added to the components."""
+    found = model.model_json_schema(ref_template="#/components/schemas/{model}")
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    components.update(found.pop("$defs", {}))
+    components[model.__name__] = found
+    return {"$ref": f"#/components/schemas/{model.__name__}"}
+
+
+def _hosted_names(schema: dict, hosted: dict[str, Environment]) -> None:
+    for parameter in schema["paths"]["/v1/tools"]["get"].get("parameters", []):
+        if parameter["name"] == "env":
+            names = {"type": "string", "enum": sorted(hosted)}
+            parameter["schema"] = {**parameter["schema"], "anyOf": [names, {"type": "null"}]}
+
+
+def _tool_paths(schema: dict, hosted: dict[str, Environment], tool_env: dict[str, str]) -> None:
+    generic = schema["paths"].pop(GENERIC)["post"]
+    components = schema["components"]["schemas"]
+    request = components.pop("ToolCallRequest")
+    bodies = {}
+    for name, env in hosted.items():
+        body = copy.deepcopy(request)
+        body["title"] = f"ToolCall_{name}"
+        if env.context_model is None:
+            del body["properties"]["context"]  # the body forbids other keys: a context is refused
+        else:
+            context = _component(schema, env.context_model)
+            body["properties"]["context"] = {
+                **body["properties"]["context"],
+                "anyOf": [context, {"type": "null"}],
+            }
+        components[body["title"]] = body
+        bodies[name] = {"$ref": f"#/components/schemas/{body['title']}"}
+    for tool, owner in sorted(tool_env.items(), key=lambda item: (item[1], item[0])):
+        operation = copy.deepcopy(generic)
+        spec = hosted[owner].tools[tool]
+        operation["operationId"] = f"call_{tool}"
+        operation["summary"] = f"{tool} ({hosted[owner].title})"
+        operation["description"] = spec.description
+        operation["parameters"] = [p for p in operation.get("parameters", []) if p["name"] != "name"]
+        operation["requestBody"]["content"]["application/json"]["schema"] = bodies[owner]
+        schema["paths"][f"/v1/tools/{tool}"] = {"post": operation}
+
+
+def _score_rows(schema: dict) -> None:
+    request = schema["components"]["schemas"]["ScoreRequest"]
+    extra = request["properties"]["extra_info"]
+    extra["anyOf"] = [_component(schema, registry.row_extra()), {"type": "null"}]
