@@ -76,10 +76,13 @@ def _check_row(row: dict, tool_names: set[str]) -> list[str]:
     if missing:
         problems.append(f"extra_info lacks {', '.join(missing)}")
     else:
-        try:
-            ExtraInfo.model_validate(extra)
-        except ValidationError as exc:
-            problems += [f"extra_info.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:3]]
+        for model in (ExtraInfo, registry.row_extra()):  # the row's fields, then what the rewards read
+            try:
+                model.model_validate(extra)
+            except ValidationError as exc:
+                problems += [
+                    f"extra_info.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:3]
+                ]
     problems += env.check_row(row, extra)
     if (
         truth

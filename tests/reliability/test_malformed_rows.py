@@ -101,3 +101,32 @@ def test_a_500_says_it_closes_the_connection(server, monkeypatch):
         assert reply.status_code == 500 and reply.headers["connection"] == "close"
         assert "Traceback" not in reply.text and reply.json()["error"]["code"] == "internal"
         assert client.get(f"{server.url}/healthz").status_code == 200  # a new connection, as announced
+
+
+def test_bank_validate_reads_rows_with_the_same_model(tmp_path):
+    """`case-env bank validate` names a malformed reward block of a built bank as /v1/score would."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    from case_env.core.bank import write
+    from case_env.core.validate import validate
+    from case_env.envs.clinic.bank import build
+    from case_env.envs.clinic.noise import NoiseConfig
+    from case_env.envs.clinic.synth import make_cases
+
+    write(build(make_cases(10, 0), 0, (1.0, 0.0, 0.0), NoiseConfig()), tmp_path / "bank", {"env": "clinic"})
+    table = pq.read_table(tmp_path / "bank" / "train.parquet").to_pylist()
+    assert validate(tmp_path / "bank" / "train.parquet").ok
+    extra = json.loads(table[0]["extra_info"])
+    extra["clinic"]["reward"] = {"profile": "nope"}
+    table[0]["extra_info"] = json.dumps(extra)
+    import pyarrow as pa
+
+    pq.write_table(pa.Table.from_pylist(table), tmp_path / "broken.parquet")
+    result = validate(tmp_path / "broken.parquet")
+    assert not result.ok
+    assert any(
+        "extra_info.clinic.reward.profile: Input should be 'medexagent' or 'strict'" in p
+        for p in result.problems
+    )
