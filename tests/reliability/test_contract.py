@@ -50,3 +50,5 @@ def test_with_the_token_a_trailing_slash_is_not_found_not_redirected(server):
     assert malformed.status_code == 422
     unknown = httpx.get(f"{server.url}/v1/tools", params={"env": "mars"}, headers=GOOD)
     assert unknown.status_code == 422 and "unknown environment 'mars'" in unknown.json()["error"]["message"]
+    misspelt = httpx.get(f"{server.url}/v1/tools", params={"evn": "imaging"}, headers=GOOD)
+    assert misspelt.status_code == 422 and "unknown query parameter 'evn'" in misspelt.text

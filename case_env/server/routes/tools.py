@@ -102,6 +102,10 @@ async def list_tools(
 ) -> Response:
     state: ServerState = request.app.state.server
     hosted = state.environments
+    unknown = sorted(set(request.query_params) - {"env"})
+    if unknown:  # a misspelt filter must not answer with every tool
+        message = short(f"unknown query parameter {unknown[0]!r}; this route takes env")
+        return error_response(ErrorCode.INVALID_REQUEST, message, status=422)
     if env is not None and env not in hosted:
         message = short(f"unknown environment {env!r}; this server hosts {', '.join(hosted)}")
         return error_response(ErrorCode.INVALID_REQUEST, message, status=422)
