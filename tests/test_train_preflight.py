@@ -371,3 +371,16 @@ def test_overrides_verl_does_not_read_are_gone_and_the_format_help_names_the_rig
         [sys.executable, "-m", "case_env.verl.launch", "--help"], capture_output=True, text=True
     ).stdout
     assert "qwen3_coder, XML inside <tool_call> (Qwen3-Coder, Qwen3.5)" in " ".join(help_text.split())
+
+
+def test_a_server_already_there_that_refuses_the_token_is_named_not_used(dataset, tmp_path, monkeypatch):
+    """`make demo` once met another run's server on its port, with a token: every call an infra error."""
+    from case_env.server.control import ensure_server
+
+    with live_server(dataset, tmp_path, token="another-runs-token-0123") as other:
+        monkeypatch.delenv("CASE_ENV_TOKEN", raising=False)
+        with pytest.raises(SystemExit, match="refuses calls without a token \\(401\\): set CASE_ENV_TOKEN"):
+            ensure_server(other.url, dataset)
+        with pytest.raises(SystemExit, match="refuses this token"):
+            ensure_server(other.url, dataset, env={"CASE_ENV_TOKEN": "wrong-token-0123456"})
+        assert ensure_server(other.url, dataset, env={"CASE_ENV_TOKEN": "another-runs-token-0123"}) is None

@@ -42,6 +42,15 @@ def reachable(url: str) -> bool:
         return False
 
 
+def refuses(url: str, token: str | None) -> bool:
+    """The server at `url` answers 401 to a call with `token` (or none)."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        return httpx.get(f"{url}/v1/tools", headers=headers, timeout=10).status_code == 401
+    except httpx.HTTPError:
+        return False
+
+
 @dataclass(frozen=True)
 class Sizing:
     """Workers and per-worker queue of a server that must absorb `concurrency` calls at once."""
@@ -68,6 +77,13 @@ def ensure_server(
     the bind address (the URL's host when it is a loopback one); `env` is added to the server's environment
     (its token, say)."""
     if reachable(url):
+        token = (env or {}).get("CASE_ENV_TOKEN") or os.environ.get("CASE_ENV_TOKEN")
+        if refuses(url, token):  # another server (another run's, with its token): every call would fail
+            raise SystemExit(
+                f"error: the case-env server at {url} refuses "
+                f"{'this token' if token else 'calls without a token'} (401): set CASE_ENV_TOKEN to its "
+                "token, or choose another --server-url"
+            )
         return None
     parsed = httpx.URL(url)
     if is_loopback(host) and not is_loopback(parsed.host):
