@@ -27,6 +27,7 @@ from omegaconf import OmegaConf
 from case_env.core.answers import final_segment
 from case_env.server.control import is_loopback
 from case_env.verl.cluster import NodeReport
+from case_env.verl.dataset import offered_tools
 from case_env.verl.model_files import ModelFiles
 from case_env.verl.rehearsal import FINAL, TOOL_OUTPUT, rehearse
 
@@ -108,15 +109,6 @@ def chat_template(
         f"{origin}: one row of each of {len(rows)} data source{'s' if len(rows) > 1 else ''} shows its tools, teaches {form} calls, fences "
         f"tool answers in <tool_response>{image}; the reward reads only the final answer",
     )
-
-
-def offered_tools(item: dict, schemas: list[dict]) -> list[dict]:
-    """The row's tools as ToolAgentLoop offers them: its tool_selection, in order."""
-    selection = (item.get("extra_info") or {}).get("tool_selection")
-    if not selection:
-        return schemas
-    by_name = {s["function"]["name"]: s for s in schemas}
-    return [by_name[n] for n in selection if n in by_name]
 
 
 def prompt_lengths(files: ModelFiles | None, config: Any, datasets: dict[str, Any]) -> Check:

@@ -48,6 +48,16 @@ def extra_info(row: dict) -> dict:
     return extra if isinstance(extra, dict) else {}
 
 
+def offered_tools(row: dict, schemas: list[dict]) -> list[dict]:
+    """The schemas ToolAgentLoop offers a row (read or yielded): its `tool_selection` in that order (tools
+    the YAML lacks left out), else every tool."""
+    selection = extra_info(row).get("tool_selection")
+    if not selection:
+        return schemas
+    by_name = {schema["function"]["name"]: schema for schema in schemas}
+    return [by_name[name] for name in selection if name in by_name]
+
+
 class CaseRLHFDataset(RLHFDataset):
     def _read_files_and_tokenize(self) -> None:
         super()._read_files_and_tokenize()
@@ -59,15 +69,8 @@ class CaseRLHFDataset(RLHFDataset):
         return dataframe._dataframe if isinstance(dataframe, _DecodedRows) else dataframe
 
     def offered_tools(self, row: dict) -> list[dict] | None:
-        """The tool schemas the rollout renders this row's prompt with: its `tool_selection` in that order
-        (tools the YAML lacks are left out), else every tool, as ToolAgentLoop chooses them."""
-        if self.tool_schemas is None:
-            return None
-        selection = extra_info(row).get("tool_selection")
-        if not selection:
-            return self.tool_schemas
-        by_name = {schema["function"]["name"]: schema for schema in self.tool_schemas}
-        return [by_name[name] for name in selection if name in by_name]
+        """The tool schemas the rollout renders this row's prompt with (None: the YAML has no tools)."""
+        return None if self.tool_schemas is None else offered_tools(row, self.tool_schemas)
 
     def prompt_tokens(self, row: dict) -> int:
         """The row's prompt length in tokens, rendered as RLHFDataset renders it, with the row's own tools."""
