@@ -20,6 +20,16 @@ from case_env import __version__
 from case_env.cli_options import options_command
 from case_env.core import registry
 from case_env.core.errors import CommandError
+from case_env.core.parts import (
+    PARTS,
+    Banks,
+    Baselines,
+    Commands,
+    DataChecks,
+    Evaluation,
+    Synthesis,
+    TextCases,
+)
 from case_env.core.problems import Problems
 
 app = typer.Typer(
@@ -74,8 +84,9 @@ def envs(as_json: bool = typer.Option(False, "--json", help="Print a JSON docume
             "summary": env.summary,
             "personas": {name: list(p.data_sources) for name, p in env.personas.items()},
             "tools": list(env.tools),
-            "data_sources": list(env.data_sources),
-            "agents": list(env.agents),
+            "data_sources": list(env.personas.data_sources),
+            "agents": list(env.baselines) if isinstance(env, Baselines) else [],
+            "parts": [part.__name__ for part in PARTS if isinstance(env, part)],
             "default": env.default,
         }
         for env in registry.environments().values()
@@ -88,6 +99,7 @@ def envs(as_json: bool = typer.Option(False, "--json", help="Print a JSON docume
         typer.echo("  personas: " + ", ".join(f"{p} ({', '.join(s)})" for p, s in env["personas"].items()))
         typer.echo(f"  tools: {', '.join(env['tools'])}")
         typer.echo(f"  scripted agents: {', '.join(env['agents']) or '-'}")
+        typer.echo(f"  parts: {', '.join(env['parts']) or '-'}")
     for problem in registry.problems():
         typer.echo(f"problem: {problem}", err=True)
 
@@ -100,13 +112,14 @@ options_command(
     app,
     "synth",
     "Generate deterministic synthetic data for an environment.",
+    Synthesis,
     lambda env: env.synth_options,
     _synth,
 )
 
 
 def _case_files(cases: list[str]) -> dict[str, str]:
-    """`ENV=PATH` pairs as the environment variables their environments' stores read."""
+    """`ENV=PATH` pairs as the environment variables their environments read."""
     out: dict[str, list[str]] = {}
     for entry in cases:
         name, _, path = entry.partition("=")
@@ -116,10 +129,19 @@ def _case_files(cases: list[str]) -> dict[str, str]:
             env = registry.get(name)
         except registry.RegistryError as exc:
             _fail(str(exc), 2)
-        if not env.case_files:
+        if not isinstance(env, TextCases):
             _fail(f"the {name} environment reads its cases from the data root, not from --cases", 2)
         out.setdefault(f"CASE_ENV_{name.upper()}_CASES", []).append(str(Path(path).resolve()))
     return {key: os.pathsep.join(paths) for key, paths in out.items()}
+
+
+def _case_files_set() -> list[str]:
+    """The CASE_ENV_<ENV>_CASES variables set, of environments that read case files."""
+    return [
+        f"CASE_ENV_{env.name.upper()}_CASES"
+        for env in registry.environments().values()
+        if isinstance(env, TextCases) and os.environ.get(f"CASE_ENV_{env.name.upper()}_CASES")
+    ]
 
 
 @app.command()
@@ -186,8 +208,13 @@ def serve(
     if settings.replay_dir is not None:
         if not settings.replay_dir.exists():
             _fail(f"replay source {settings.replay_dir} does not exist", 2)
-    elif not data.data_root.is_dir():
-        _fail(f"data root {data.data_root} is not a directory (run `case-env synth` or set --data-root)", 2)
+    elif not data.data_root.is_dir() and not any(k.endswith("_CASES") for k in _case_files_set()):
+        # with case files given (--cases, CASE_ENV_<ENV>_CASES) the text environments serve without a root
+        _fail(
+            f"data root {data.data_root} is not a directory (run `case-env synth`, set --data-root, or "
+            "give case files with --cases)",
+            2,
+        )
     with tempfile.TemporaryDirectory(prefix="case-env-") as run_dir:
         if on_ray:
             _serve_on_ray(settings, data, replicas, Path(run_dir))
@@ -242,7 +269,7 @@ def data_check(
     warnings: list[str] = []
     lines: list[str] = []
     for env in registry.environments().values():
-        found = env.check_data(root)
+        found = env.check_data(root) if isinstance(env, DataChecks) else None
         if found is None:
             continue
         summary.update(found.summary)
@@ -395,7 +422,9 @@ def eval_(
     from case_env.eval.runner import OPENAI, run_eval
     from case_env.eval.trajectory import TrajectoryFormatError
 
-    known = {a for env in registry.environments().values() for a in env.agents} | {OPENAI}
+    known = {
+        a for env in registry.environments().values() if isinstance(env, Baselines) for a in env.baselines
+    } | {OPENAI}
     if agent not in known:
         _fail(f"unknown agent {agent!r}; choose one of {', '.join(sorted(known))}", 2)
     model = None
@@ -430,7 +459,8 @@ def eval_(
         _fail(str(exc), 2)
     except httpx.HTTPError as exc:
         _fail(f"server {server_url} failed: {exc}", 1)
-    for line in registry.get(results["env"]).summary_lines(results):
+    evaluated = registry.get(results["env"])
+    for line in evaluated.summary_lines(results) if isinstance(evaluated, Evaluation) else []:
         typer.echo(line)
     typer.echo(f"wrote {out / 'results.json'}, {out / 'report.html'} and {out / 'trajectories.jsonl'}")
 
@@ -473,6 +503,7 @@ options_command(
     "build",
     "Build a bank of an environment's questions or cases: train/val/test parquet, patient lists "
     "and bank.json.",
+    Banks,
     lambda env: env.bank_options,
     _bank_build,
 )
@@ -496,13 +527,11 @@ def bank_validate(files: list[Path] = typer.Argument(..., help="Parquet files in
 
 
 for _env in registry.environments().values():
-    _env.cli(GROUPS)
+    if isinstance(_env, Commands):
+        _env.cli(GROUPS)
 
 
 def main() -> None:
-    from case_env.core.memory import release_freed_memory_promptly
-
-    release_freed_memory_promptly()
     try:
         app()
     except CommandError as exc:

@@ -19,7 +19,6 @@ import typer
 from pydantic import BaseModel, ValidationError
 
 from case_env.core import registry
-from case_env.core.environment import Environment
 from case_env.core.errors import CommandError
 
 _CLICK_TYPES = (int, float, str, bool, Path)
@@ -64,11 +63,13 @@ def options_command(
     group: typer.Typer,
     name: str,
     summary: str,
-    model_of: Callable[[Environment], type[BaseModel]],
-    run: Callable[[Environment, BaseModel], None],
+    part: type,
+    model_of: Callable[[Any], type[BaseModel]],
+    run: Callable[[Any, BaseModel], None],
 ) -> None:
-    """Register `name` on `group`: `--env` plus every environment's options, validated by the chosen model."""
-    envs = registry.environments()
+    """Register `name` on `group`: `--env` plus the options of every environment with the `part` the command
+    needs, validated by the chosen environment's model."""
+    envs = {n: e for n, e in registry.environments().items() if isinstance(e, part)}
     models = {env.name: model_of(env) for env in envs.values()}
     fields = _fields(models)
     everyone = set(envs)
@@ -99,6 +100,12 @@ def options_command(
             env = registry.get(chosen) if chosen else registry.default()
         except registry.RegistryError as exc:
             raise CommandError(str(exc), 2) from None
+        if env.name not in models:
+            raise CommandError(
+                f"the {env.name} environment cannot {name} (it has no {part.__name__} part); "
+                f"environments that can: {', '.join(models) or 'none'}",
+                2,
+            )
         values = {k: v for k, v in given.items() if v is not None and v != []}
         foreign = sorted(k for k in values if k not in models[env.name].model_fields)
         if foreign:

@@ -1,4 +1,5 @@
-"""Settings of the data layer, from arguments or `CASE_ENV_*` environment variables."""
+"""Where case data lives, from arguments or `CASE_ENV_*` environment variables: what every environment shares.
+An environment's own data settings subclass these (how much decoded data it keeps, say), in its package."""
 
 from __future__ import annotations
 
@@ -15,29 +16,15 @@ def default_cache_dir() -> Path:
 
 
 class DataSettings(BaseSettings):
-    """Where case data lives, how much of it stays decoded in memory, and how large rendered images are."""
+    """The data root and the cache directory."""
 
     model_config = SettingsConfigDict(env_prefix="CASE_ENV_", extra="ignore")
 
-    data_root: Path = Field(Path("data/synthetic"), description="Root of the BIDS-like patient data tree.")
-    cache_bytes: int = Field(
-        2 * 1024**3,
-        ge=0,
-        description="Upper bound on decoded volumes kept in memory (bytes). A ci-profile patient (two visits, "
-        "four channels and labels) takes about 33 MB, a full-profile one about 260 MB.",
+    data_root: Path = Field(
+        Path("data/synthetic"),
+        description="Root of the case data (each environment reads its own part; text environments also "
+        "take their case files from CASE_ENV_<ENV>_CASES).",
     )
-    decoded_bytes: int = Field(
-        16 * 1024**3,
-        ge=0,
-        description="Disk budget for decoded volumes under cache_dir/decoded, memory-mapped and shared by all "
-        "workers (0: every worker decodes into its own memory).",
-    )
-    stat_ttl_s: float = Field(
-        1.0,
-        ge=0,
-        description="Seconds a file's stat (mtime, size) is trusted before a replaced file is noticed.",
-    )
-    image_max_side: int = Field(448, ge=64, le=2048, description="Longest side of returned images in pixels.")
     cache_dir: Path = Field(
         default_factory=default_cache_dir,
         description="Directory for derived data (volumetry of roots without a volumes TSV); never inside "

@@ -16,7 +16,7 @@ from fastapi import FastAPI, Request
 from PIL import Image
 
 from case_env.core.policy import Observation
-from case_env.envs.imaging.agents import scripted_agent
+from case_env.envs.imaging.baselines import scripted_agent
 
 MALFORMED = "bad_0"
 

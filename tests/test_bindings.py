@@ -14,7 +14,7 @@ import pytest
 
 from case_env.server import bindings as bindings_module
 from case_env.server.bindings import Bindings
-from case_env.server.episodes import EpisodeStore
+from case_env.server.episodes import EpisodeLog
 
 
 def test_the_table_agrees_with_a_dictionary_under_colliding_hashes(monkeypatch):
@@ -142,8 +142,8 @@ def test_a_worker_forgets_what_it_remembers_once_any_worker_drops_an_episode(tmp
     """Worker A remembers e -> case0001. Worker B sweeps e away (idle) and binds e anew to case0002. A must
     not keep serving e as case0001 from memory: the table's count of dropped episodes moved."""
     path = tmp_path / "episodes.sqlite"
-    a = EpisodeStore(path, idle_s=100.0, max_episodes=10, max_calls=4)
-    b = EpisodeStore(path, idle_s=100.0, max_episodes=10, max_calls=4)
+    a = EpisodeLog(path, idle_s=100.0, max_episodes=10, max_calls=4)
+    b = EpisodeLog(path, idle_s=100.0, max_episodes=10, max_calls=4)
     assert a.bind("e", "case0001", now=1000.0) == "case0001"
     assert a.bind("e", "case0001", now=1001.0) == "case0001"  # remembered
     assert b.sweep(now=1200.0) == 1

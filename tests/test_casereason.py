@@ -350,7 +350,7 @@ def reader_model(messages: list[dict], apart: bool = False) -> dict:
     submit_diagnosis) submit its ranking until the tool says correct or incorrect for the last time. With
     `apart`, as a reasoning server (vLLM with a reasoning parser) returns it: the reasoning in
     `reasoning_content`, the content without `<think>`."""
-    from case_env.envs.casereason.agents import Reader
+    from case_env.envs.casereason.baselines import Reader
 
     prompt = messages[1]["content"]
     reader = Reader("stub", prompt.split("\n\nSubmit your diagnosis")[0])

@@ -18,8 +18,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from case_env.core.bank import load_items, write
-from case_env.envs.casereason.agents import Reader
 from case_env.envs.casereason.bank import build
+from case_env.envs.casereason.baselines import Reader
 from case_env.envs.casereason.cases import load_cases
 from case_env.envs.casereason.evaluation import pass_at_k, variants
 from case_env.envs.casereason.grader import grade

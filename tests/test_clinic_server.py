@@ -275,7 +275,7 @@ def _clinician_model(messages: list[dict]) -> dict:
     """The scripted clinician behind the chat protocol: its moves are rebuilt from the conversation. Its first
     reply is a tool call with broken JSON arguments, which the client must survive."""
     from case_env.core.policy import Observation
-    from case_env.envs.clinic.agents import Clinician
+    from case_env.envs.clinic.baselines import Clinician
 
     if not any(m["role"] == "assistant" for m in messages):
         return {

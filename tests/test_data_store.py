@@ -10,12 +10,17 @@ import nibabel as nib
 import numpy as np
 import pytest
 
-from case_env.core.errors import DataError, MissingDataError, UnknownPatientError, UnknownVisitError
 from case_env.envs.imaging.data import layout
+from case_env.envs.imaging.data.errors import (
+    DataError,
+    MissingDataError,
+    UnknownPatientError,
+    UnknownVisitError,
+)
 from case_env.envs.imaging.data.index import channel_of, scan
 from case_env.envs.imaging.data.store import PatientStore
+from case_env.envs.imaging.settings import ImagingSettings
 from case_env.envs.imaging.tsv import read_tsv
-from case_env.settings import DataSettings
 from tests.conftest import image, organ_labels, subjects_by_scenario, tree_snapshot
 
 SUB = "sub-0001"
@@ -38,7 +43,7 @@ def copy_patient(src: Path, dst: Path, sub: str = SUB) -> Path:
 
 
 def store_for(root: Path, tmp_path: Path, **kw) -> PatientStore:
-    return PatientStore(settings=DataSettings(data_root=root, cache_dir=tmp_path / "cache", **kw))
+    return PatientStore(settings=ImagingSettings(data_root=root, cache_dir=tmp_path / "cache", **kw))
 
 
 def test_discovers_patients_and_visits(dataset, tmp_path):

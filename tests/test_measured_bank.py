@@ -239,7 +239,7 @@ def test_bank_build_takes_a_clinical_file_and_reports_its_bad_rows(real_shaped, 
 
 
 def test_the_no_tool_baseline_uses_a_real_tell_and_ignores_leave_out_noise():
-    from case_env.envs.imaging.agents.baselines import LeavePatientOut
+    from case_env.envs.imaging.baselines.naive import LeavePatientOut
 
     def row(patient: str, n: int, truth: str) -> dict:
         letters = "ABCD"[n % 4 :] + "ABCD"[: n % 4]  # the smallest number moves through the letters

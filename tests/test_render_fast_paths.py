@@ -17,7 +17,7 @@ from case_env.core import registry
 from case_env.envs.imaging.bench.naive import NaiveImaging, NaiveStore
 from case_env.envs.imaging.context import ImagingContext
 from case_env.envs.imaging.data.store import PatientStore
-from case_env.envs.imaging.store import ImagingStore
+from case_env.envs.imaging.store import ImagingCases
 from case_env.envs.imaging.viewer import render
 from case_env.envs.imaging.viewer.service import Imaging
 
@@ -110,8 +110,8 @@ def test_naive_engine_answers_the_same_calls(dataset):
     fast_store = PatientStore(dataset)
     naive_store = NaiveStore(dataset)
     patient = fast_store.patient_ids()[0]
-    fast = ImagingContext(ImagingStore(fast_store, Imaging(fast_store)), patient)
-    naive = ImagingContext(ImagingStore(naive_store, NaiveImaging(naive_store)), patient)
+    fast = ImagingContext(ImagingCases(fast_store, Imaging(fast_store)), patient)
+    naive = ImagingContext(ImagingCases(naive_store, NaiveImaging(naive_store)), patient)
     for name, arguments in [
         ("list_visits", {}),
         ("read_report", {"visit": "baseline"}),

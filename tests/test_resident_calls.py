@@ -15,8 +15,8 @@ from case_env.core import registry
 from case_env.core.resident import NotResidentError, resident_only
 from case_env.core.tools import ToolSpec
 from case_env.envs.imaging.data.store import PatientStore
+from case_env.envs.imaging.settings import ImagingSettings
 from case_env.server.settings import ServerSettings
-from case_env.settings import DataSettings
 from tests.server_harness import live_server, with_tools
 from tests.test_data_store import copy_patient
 
@@ -110,7 +110,7 @@ def test_renders_go_on_the_loop_with_one_render_thread_unless_set(threads, chose
 
 def test_the_store_refuses_io_on_the_loop_and_answers_from_memory_once_read(dataset, tmp_path):
     root = copy_patient(dataset, tmp_path / "root")
-    store = PatientStore(settings=DataSettings(data_root=root, cache_dir=tmp_path / "cache", stat_ttl_s=0))
+    store = PatientStore(settings=ImagingSettings(data_root=root, cache_dir=tmp_path / "cache", stat_ttl_s=0))
     patient = store.patient_ids()[0]
     with resident_only(), pytest.raises(NotResidentError, match="volume"):
         store.image(patient, "baseline", "water")

@@ -22,7 +22,7 @@ from case_env.core import registry
 from case_env.core.tools import ToolResult, ToolSpec, function_parameters
 from case_env.envs.imaging.data import layout
 from case_env.medicine.exams import EXAMS
-from case_env.server.episodes import Call, EpisodeStore
+from case_env.server.episodes import Call, EpisodeLog
 from tests.server_harness import live_server, with_tools
 from tests.test_data_store import SUB, copy_patient
 
@@ -260,7 +260,7 @@ def test_answers_are_the_response_models_json(images):
     import base64
     import os
 
-    from case_env.core.tools import ErrorCode, ToolImage
+    from case_env.core.tools import ToolImage
     from case_env.server.models import ToolCallResponse
     from case_env.server.routes.tools import Outcome, _success, answer_json
 
@@ -282,7 +282,7 @@ def test_answers_are_the_response_models_json(images):
     assert spliced == whole.model_dump_json().encode()
     assert [base64.b64decode(i["data_b64"]) for i in json.loads(spliced)["images"]] == pngs
     assert outcome.nbytes == len(text) + sum(len(base64.b64encode(p)) for p in pngs)
-    failed = Outcome.failure(ErrorCode.UNKNOWN_VISIT, "visit 'x' does not exist; valid visits: baseline")
+    failed = Outcome.failure("unknown_visit", "visit 'x' does not exist; valid visits: baseline")
     refused = ToolCallResponse(
         ok=False, tool="list_visits", episode_id="e2", text=failed.text, error=failed.error, latency_ms=0.5
     )
@@ -553,7 +553,7 @@ def test_episodes_expire_when_idle(dataset, tmp_path):
 
 def _open_episode_store(path: Path, barrier, n: int) -> str:
     barrier.wait()  # every worker opens the new file at the same moment, as uvicorn starts them
-    store = EpisodeStore(path, idle_s=100.0, max_episodes=10, max_calls=4)
+    store = EpisodeLog(path, idle_s=100.0, max_episodes=10, max_calls=4)
     bound = store.bind("shared", f"case{n:04d}")
     store.close()
     return bound
@@ -572,7 +572,7 @@ def test_workers_starting_together_share_one_episode_database(tmp_path):
 
 
 def test_episode_memory_is_bounded(tmp_path):
-    store = EpisodeStore(None, idle_s=100.0, max_episodes=3, max_calls=4)
+    store = EpisodeLog(None, idle_s=100.0, max_episodes=3, max_calls=4)
     for n in range(6):
         store.bind(f"e{n}", "case0001", now=1000.0 + n)
     assert store.live() == 3  # over the cap at each new binding: the least recently seen went
@@ -597,8 +597,8 @@ def test_one_flush_counts_hundreds_of_episodes_in_order(tmp_path):
     each episode's calls on from where they were, trims to the cap and drops the calls of an episode
     another worker swept meanwhile."""
     path = tmp_path / "episodes.sqlite"
-    store = EpisodeStore(path, idle_s=100.0, max_episodes=1000, max_calls=4)
-    other = EpisodeStore(path, idle_s=100.0, max_episodes=1000, max_calls=4)  # a second worker
+    store = EpisodeLog(path, idle_s=100.0, max_episodes=1000, max_calls=4)
+    other = EpisodeLog(path, idle_s=100.0, max_episodes=1000, max_calls=4)  # a second worker
     episodes = [f"e{n}" for n in range(700)]  # three statements: 300, 300 and 100 episodes
     for e in episodes:
         store.bind(e, "case0001", now=900.0 if e == "e3" else 1000.0)
@@ -708,9 +708,9 @@ def test_score_route_is_the_reward_function(server):
 def test_repeated_calls_answer_from_the_response_cache_until_the_data_changes(dataset, tmp_path):
     import dataclasses
 
+    from case_env.envs.imaging.settings import ImagingSettings as DataSettings
     from case_env.server.app import create_app
     from case_env.server.settings import ServerSettings
-    from case_env.settings import DataSettings
     from tests.server_harness import serve_app
 
     root = copy_patient(dataset, tmp_path / "root")

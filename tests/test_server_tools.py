@@ -254,13 +254,13 @@ def test_concurrent_first_touch_loads_each_volume_once(dataset, tmp_path):
         with concurrent.futures.ThreadPoolExecutor(16) as pool:
             assert list(pool.map(one, range(16))) == [200] * 16
         # One decode of the in-phase volume of each visit (the window pools both), nothing more.
-        assert server.state.stores["imaging"].patients.cache.stats().loads == 2
+        assert server.state.cases["imaging"].patients.cache.stats().loads == 2
 
 
 def test_a_new_patient_is_warmed_in_the_background(dataset, tmp_path):
     sub = subjects_by_scenario(dataset)["stable_control"]
     with live_server(dataset, tmp_path) as server:
-        store = server.state.stores["imaging"].patients
+        store = server.state.cases["imaging"].patients
         assert store.cache.stats().loads == 0
         body = {"episode_id": "warm", "patient_id": pid(sub), "arguments": {}}
         assert httpx.post(f"{server.url}/v1/tools/list_visits", json=body, timeout=60).json()["ok"]

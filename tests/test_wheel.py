@@ -30,7 +30,7 @@ root, calls = Path(sys.argv[1]), json.loads(sys.argv[2])
 app = create_app(ServerSettings(), DataSettings(data_root=root, cache_dir=root.parent / "cache"))
 out = {}
 with TestClient(app) as client:
-    stores = app.state.server.stores
+    stores = app.state.server.cases
     for env, (tool, arguments) in calls.items():
         case = stores[env].ids()[0]
         body = {"episode_id": f"wheel-{env}", "patient_id": case, "arguments": arguments}

@@ -61,14 +61,16 @@ class ExtraInfo(BaseModel):
     env: str | None = Field(None, description="The environment that built the row (routes it).")
     index: int | None = None
     split: str | None = None
-    patient_id: str
-    question_idx: int
+    patient_id: str  # the case's id, under the name CASE's schema gives it
+    question_idx: int | None = None
     question: str
     ground_truth: str
     tools_kwargs: dict[str, dict[str, Any]]
     tool_selection: list[str]
-    teacher_insight: str
-    evidence: list[Any]
+    # what an environment whose rows carry it lists in `Banks.required_extra`: the privileged context a
+    # teacher may read, and the calls that expose the answer (CASE's schema)
+    teacher_insight: str | None = None
+    evidence: list[Any] | None = None
     need_tools_kwargs: bool = True
     tool_schema_version: str | None = None
 
@@ -101,6 +103,11 @@ class ExtraInfo(BaseModel):
 
 
 REQUIRED_EXTRA = tuple(name for name, f in ExtraInfo.model_fields.items() if f.is_required())
+CASE_EXTRA = (
+    "question_idx",
+    "teacher_insight",
+    "evidence",
+)  # CASE's schema, kept by environments that use it
 
 
 class BankRow(BaseModel):

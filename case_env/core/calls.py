@@ -34,7 +34,7 @@ _PARAMETER = re.compile(r"<parameter=([^>\n]{0,256})>(.*?)(?:</parameter>|$)", r
 
 @dataclass
 class ExecutedCall:
-    """One call of an episode: what was called, how it ended, and (for tools that `REMEMBER`) its answer."""
+    """One call of an episode: what was called, how it ended, and (for tools declared `remember`) its answer."""
 
     tool: str
     arguments: dict[str, Any]

@@ -1,6 +1,6 @@
 """A small client for OpenAI-compatible chat endpoints, at temperature 0 by default and with a persistent cache.
 
-Used where an environment may consult a language model (a simulated patient, a diagnosis judge). Rewards must
+Used where an environment may consult a language model (a simulated patient, a judge of answers). Rewards must
 not drift between runs and a GRPO group must see one answer, so every answer is cached on disk by a hash of
 (model, messages, parameters): the second time the same question is asked, the endpoint is not. A caller
 reproducing a published system may sample at its temperature (MedExAgent's patient and judge ran at 0.7); the
@@ -105,7 +105,7 @@ class ChatClient:
 
 
 class JudgeSettings(BaseSettings):
-    """The optional diagnosis judge of the text environments (CASE_ENV_JUDGE_URL, CASE_ENV_JUDGE_MODEL,
+    """The optional answer judge of the text environments (CASE_ENV_JUDGE_URL, CASE_ENV_JUDGE_MODEL,
     CASE_ENV_JUDGE_TIMEOUT_S, CASE_ENV_JUDGE_CACHE); off when no URL is set."""
 
     model_config = SettingsConfigDict(env_prefix="CASE_ENV_JUDGE_", extra="ignore")

@@ -12,6 +12,7 @@ be unique across environments: a call or a row names exactly one.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from functools import cache
 from importlib.metadata import entry_points
 from typing import Any, Literal
@@ -19,7 +20,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, create_model
 
 from case_env.core.environment import Environment
-from case_env.core.tools import ToolSpec
+from case_env.core.parts import Faults
+from case_env.core.tools import MODEL_FAULTS, ToolSpec
 
 GROUP = "case_env.environments"
 log = logging.getLogger("case_env.registry")
@@ -48,7 +50,13 @@ def _loaded() -> tuple[dict[str, Environment], tuple[str, ...]]:
             continue
         if point.name in found:  # the same distribution seen twice on the path
             continue
-        found[point.name] = cls()
+        try:  # a part left half done, a persona a tool names and the package lacks: refused here, by name
+            env = cls()
+            env.personas  # noqa: B018 - loads the tools and personas, checking each against the other
+        except (TypeError, ImportError, AttributeError) as exc:
+            problems.append(f"entry point {point.name} ({point.value}) is not usable: {exc}")
+            continue
+        found[point.name] = env
     for problem in problems:
         log.warning("%s", problem)
     return found, tuple(problems)
@@ -83,22 +91,26 @@ def default() -> Environment:
     raise RegistryError(f"name an environment: {', '.join(environments())}")
 
 
+def tool_owners(hosted: Iterable[Environment]) -> dict[str, str]:
+    """Each tool's environment among `hosted`: a tool name belongs to exactly one."""
+    owners: dict[str, str] = {}
+    for env in hosted:
+        for tool in env.tools:
+            if owners.setdefault(tool, env.name) != env.name:
+                raise RegistryError(f"tool {tool!r} is registered by both {owners[tool]} and {env.name}")
+    return owners
+
+
 @cache
 def _tool_owners() -> dict[str, str]:
-    owners: dict[str, str] = {}
-    for env in environments().values():
-        for tool in env.tools:
-            if tool in owners:
-                raise RegistryError(f"tool {tool!r} is registered by both {owners[tool]} and {env.name}")
-            owners[tool] = env.name
-    return owners
+    return tool_owners(environments().values())
 
 
 @cache
 def _source_owners() -> dict[str, str]:
     owners: dict[str, str] = {}
     for env in environments().values():
-        for source in env.data_sources:
+        for source in env.personas.data_sources:
             if owners.setdefault(source, env.name) != env.name:
                 raise RegistryError(
                     f"data source {source!r} is claimed by both {owners[source]} and {env.name}"
@@ -137,6 +149,12 @@ def row_extra() -> type[BaseModel]:
         __doc__="A row's extra_info as the rewards read it (more keys are kept and not read).",
         env=(names | None, Field(None, description="The environment that scores the row.")),
     )
+
+
+def model_faults() -> frozenset[str]:
+    """Every code a model fault may carry: the shared ones and each environment's own."""
+    own = (c for env in environments().values() if isinstance(env, Faults) for c in env.fault_codes)
+    return MODEL_FAULTS | frozenset(str(c) for c in own)
 
 
 def for_row(data_source: str, extra_info: dict[str, Any] | None = None) -> Environment:

@@ -1,9 +1,9 @@
 """Answering a call on the event loop when everything it reads is already in memory.
 
 Handing a call to a pool thread and back costs the server's event loop about 0.45 ms of CPU on a 2-core VM
-(the wake-up of an idle thread, measured by `scripts/bench_render.py`, `thread_hop_ms`): more than a text
+(the wake-up of an idle thread, measured by `case-env bench render`, `thread_hop_ms`): more than a text
 tool's whole answer and a fifth of a render. Most calls of a warm case need no I/O at all, so a tool that
-declares `RESIDENT = True` is first run on the loop under `resident_only()`; its store calls
+declares `resident=True` is first run on the loop under `resident_only()`; its store calls
 `require_resident()` before anything that could block or take long (a file read, a decode, a one-time pass
 over a volume), which raises `NotResidentError` there, and the server then runs the call in its pool as
 before. The work done before the raise is repeated in the pool; it happens once per file per worker, the

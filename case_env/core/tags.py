@@ -1,4 +1,4 @@
-"""Tagged blocks of model text (`<answer>...</answer>`, `<tool_call>`, `[DIAGNOSIS: ...]`), found in one pass.
+"""Tagged blocks of model text (`<answer>...</answer>`, `<tool_call>`, `[TAG: ...]`), found in one pass.
 
 A policy in RL can loop on a tag for its whole response. A regex of the form `<a>(.*?)</a>` tries every
 opening tag against the rest of the text when the closing one never comes, which is quadratic: `<tool_call>`
@@ -49,7 +49,7 @@ class Tagged:
 
     `to_end`: an unclosed block runs to the end of the text (`(?:closing|$)`). `ignore_case`: the opening tag
     in any case. `skip_space` and `nonempty`: the content starts after the whitespace following the opening
-    tag and holds at least one character (`opening\\s*(.+?)closing`, MedExAgent's diagnosis tag)."""
+    tag and holds at least one character (`opening\\s*(.+?)closing`, as MedExAgent's answer tag is read)."""
 
     def __init__(
         self,

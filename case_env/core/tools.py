@@ -1,19 +1,26 @@
-"""The tool framework: what a tool module provides, how tools are found, described and called.
+"""The tool framework: what a tool is, how tools are found, described and called.
 
-A tool is a module in an environment's tool package (`tools/<env>/`, installed as `case_env.tools.<env>`)
-with `NAME`, `DESCRIPTION`, `PERSONAS`, a pydantic `Args` model and `run(ctx, args) -> ToolResult`;
-optionally `RENDERS = True` (it draws images, so it runs in the render pool), `REMEMBER = True` (later
-calls of the same episode need its answer, so the caller keeps it; see `Environment.episode_context`),
-`INLINE = True` (it answers from memory and never blocks, so it runs on the event loop) and `RESIDENT = True`
-(every read goes through a store that guards its I/O, so the server first tries it on the event loop and
-falls back to the pool when data is not yet in memory; see `case_env.core.resident`).
-A module may instead define `TOOLS`, a list of `ToolSpec` built from a table (`tool_spec` makes one), when
-many tools share one handler and differ only in data.
+A tool is a typed function in an environment's tool package (`tools/<env>/`, installed as
+`case_env.tools.<env>`), decorated with `@tool(personas=...)`:
+
+    @tool(personas=("nurse",))
+    def read_vitals(ctx: CaseContext, unit: Unit = Field(Unit.SI, description="Units.")) -> ToolResult:
+        \"\"\"Read this patient's vital signs at arrival.\"\"\"
+
+Its name is the function's, its description the docstring (lines joined by spaces), its arguments the
+parameters after the context, each with its type and a `Field` (description, limits, default). Options say how
+the server runs it: `renders` (it draws images, so it runs in the render pool), `remember` (later calls of
+the same episode need its answer, so the caller keeps it; see `Environment.episode_context`), `inline` (it
+answers from memory and never blocks, so it runs on the event loop) and `resident` (every read goes through a
+store that guards its I/O, so the server first tries it on the event loop and falls back to the pool when data
+is not yet in memory; see `case_env.core.resident`). A module may instead define `TOOLS`, a list of
+`ToolSpec` built from a table (`tool_spec` makes one), when many tools share one handler and differ only in
+data. The personas a tool names must be personas of its environment: checked when the environment loads.
 Tools are pure functions of (case data, arguments, episode context): the case comes from the call, never
-from an argument, so no tool schema has a patient field and any worker can answer any call.
+from an argument, so no tool schema has a case field and any worker can answer any call.
 
 verl keeps only `type`, `description` and `enum` of each parameter (docs/architecture.md, "verl's limits"),
-so `Args` may hold scalars and enums only; the loader refuses anything else at load time, and the schema
+so arguments may be scalars and enums only; the loader refuses anything else at load time, and the schema
 served to models is reduced to exactly what verl passes on.
 """
 
@@ -21,23 +28,27 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import inspect
 import json
 import pkgutil
-from collections.abc import Callable
+import typing
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
+from types import ModuleType
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+from pydantic.fields import FieldInfo
 
 
 class ErrorCode(StrEnum):
-    """Why a call failed. Model faults come back as `ok: false` text; service faults as HTTP statuses."""
+    """Why a call failed. Model faults come back as `ok: false` text; service faults as HTTP statuses. An
+    environment names its own model faults with its own codes (any string a `ToolError` carries, listed by its
+    `Faults` part); every `ToolError` is a model fault, whatever its code."""
 
     INVALID_ARGUMENTS = "invalid_arguments"
     UNKNOWN_TOOL = "unknown_tool"
-    UNKNOWN_ORGAN = "unknown_organ"
-    UNKNOWN_VISIT = "unknown_visit"
     NOT_AVAILABLE = "not_available"
     UNKNOWN_PATIENT = "unknown_patient"
     SCOPE_VIOLATION = "scope_violation"
@@ -55,8 +66,6 @@ MODEL_FAULTS = frozenset(
     {
         ErrorCode.INVALID_ARGUMENTS,
         ErrorCode.UNKNOWN_TOOL,
-        ErrorCode.UNKNOWN_ORGAN,
-        ErrorCode.UNKNOWN_VISIT,
         ErrorCode.NOT_AVAILABLE,
         ErrorCode.NOT_RECORDED,
     }
@@ -66,7 +75,7 @@ MODEL_FAULTS = frozenset(
 class ToolError(Exception):
     """A problem the model caused and can correct: becomes `ok: false` with this one-line message."""
 
-    def __init__(self, code: ErrorCode, message: str):
+    def __init__(self, code: str, message: str):
         super().__init__(message)
         self.code = code
         self.message = message
@@ -88,12 +97,12 @@ class ToolResult:
 
 @dataclass
 class ToolContext:
-    """What a handler may touch: this call's case (`patient_id`) in its environment's `store`, and the
+    """What a handler may touch: this call's case (`case_id`) among its environment's `cases`, and the
     episode context the caller sent, validated by the environment's context model (None when it has none).
     Environments subclass it with the accessors their tools share."""
 
-    store: Any
-    patient_id: str
+    cases: Any
+    case_id: str
     episode: Any = None
 
 
@@ -216,34 +225,97 @@ def tool_spec(
     )
 
 
-def spec_from_module(module: Any) -> ToolSpec:
-    return tool_spec(
-        module.NAME,
-        module.DESCRIPTION,
-        tuple(str(p) for p in module.PERSONAS),
-        module.Args,
-        module.run,
-        getattr(module, "RENDERS", False),
-        getattr(module, "REMEMBER", False),
-        getattr(module, "INLINE", False),
-        getattr(module, "RESIDENT", False),
-    )
+def tool(
+    *,
+    personas: tuple[str, ...],
+    renders: bool = False,
+    remember: bool = False,
+    inline: bool = False,
+    resident: bool = False,
+) -> Callable[[Callable[..., ToolResult]], ToolSpec]:
+    """A tool from a typed function `f(ctx, **arguments) -> ToolResult` (see the module's docstring)."""
+
+    def made(function: Callable[..., ToolResult]) -> ToolSpec:
+        name = function.__name__
+        hints = typing.get_type_hints(function, include_extras=True)
+        fields: dict[str, Any] = {}
+        for parameter in list(inspect.signature(function).parameters.values())[1:]:
+            if parameter.name not in hints:
+                raise TypeError(f"tool {name}: argument {parameter.name!r} has no type")
+            default = parameter.default
+            if default is inspect.Parameter.empty:
+                default = ...
+            elif not isinstance(default, FieldInfo):
+                raise TypeError(f"tool {name}: argument {parameter.name!r} needs a Field with a description")
+            fields[parameter.name] = (hints[parameter.name], default)
+        args = create_model(f"{name}_args", __config__=ConfigDict(extra="forbid"), **fields)
+        description = " ".join(line.strip() for line in inspect.cleandoc(function.__doc__ or "").splitlines())
+        if not description:
+            raise TypeError(f"tool {name}: its docstring is its description, and it has none")
+
+        def run(ctx: ToolContext, arguments: BaseModel) -> ToolResult:
+            return function(ctx, **arguments.__dict__)
+
+        run.__wrapped__ = function  # type: ignore[attr-defined]
+        return tool_spec(name, description, personas, args, run, renders, remember, inline, resident)
+
+    return made
+
+
+def package_modules(package: str) -> Iterator[ModuleType]:
+    """The modules of an environment's tool or persona package, in name order (modules whose names start with
+    an underscore are helpers)."""
+    pkg = importlib.import_module(package)
+    for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
+        if not info.name.startswith("_") and not info.ispkg:
+            yield importlib.import_module(f"{package}.{info.name}")
 
 
 def load_tools(package: str) -> dict[str, ToolSpec]:
-    """Every tool module of the package (modules whose names start with an underscore are helpers)."""
-    pkg = importlib.import_module(package)
-    specs = {}
-    for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
-        if info.name.startswith("_") or info.ispkg:
-            continue
-        module = importlib.import_module(f"{package}.{info.name}")
-        # A family module builds many tools from one table (`TOOLS`, a list of ToolSpec) instead of one.
-        for spec in getattr(module, "TOOLS", None) or [spec_from_module(module)]:
+    """Every tool of the package: the `@tool` functions of each module, or its `TOOLS` table."""
+    specs: dict[str, ToolSpec] = {}
+    for module in package_modules(package):
+        found = getattr(module, "TOOLS", None) or [
+            v for v in vars(module).values() if isinstance(v, ToolSpec)
+        ]
+        if not found:
+            raise TypeError(f"{module.__name__} defines no tool (a @tool function or TOOLS)")
+        for spec in found:
             if spec.name in specs:
                 raise TypeError(f"tool {spec.name} is defined twice in {package}")
             specs[spec.name] = spec
     return specs
+
+
+class ToolSet(dict[str, ToolSpec]):
+    """An environment's tools by name, in the order they are offered."""
+
+
+class FromPackage:
+    """An environment's table declared as the package it is loaded from: read on an instance, loaded once
+    (the loaded table then shadows this descriptor on the instance)."""
+
+    def __init__(self, package: str):
+        self.package = package
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.attribute = name
+
+    def __get__(self, env: Any, owner: type | None = None) -> Any:
+        if env is None:
+            return self
+        loaded = env.__dict__[self.attribute] = self.load(env)
+        return loaded
+
+    def load(self, env: Any) -> dict:
+        raise NotImplementedError
+
+
+class Tools(FromPackage):
+    """`tools = Tools("package")`: the package's tools by name."""
+
+    def load(self, env: Any) -> ToolSet:
+        return ToolSet(load_tools(self.package))
 
 
 def schema_version(tools: dict[str, ToolSpec]) -> str:

@@ -18,7 +18,8 @@ import pyarrow.parquet as pq
 from pydantic import ValidationError
 
 from case_env.core import registry
-from case_env.core.bank import AGENT_NAMES, REQUIRED_COLUMNS, ExtraInfo
+from case_env.core.bank import AGENT_NAMES, REQUIRED_COLUMNS, REQUIRED_EXTRA, ExtraInfo
+from case_env.core.parts import Banks
 
 
 @dataclass
@@ -72,7 +73,8 @@ def _check_row(row: dict, tool_names: set[str]) -> list[str]:
         env = registry.for_row(str(row.get("data_source", "")), extra)
     except registry.RegistryError as exc:
         return [*problems, f"extra_info.env: {exc}"]
-    missing = [k for k in env.required_keys() if k not in extra]
+    required = (*REQUIRED_EXTRA, *(env.required_extra if isinstance(env, Banks) else ()))
+    missing = [k for k in required if k not in extra]
     if missing:
         problems.append(f"extra_info lacks {', '.join(missing)}")
     else:
@@ -83,7 +85,8 @@ def _check_row(row: dict, tool_names: set[str]) -> list[str]:
                 problems += [
                     f"extra_info.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:3]
                 ]
-    problems += env.check_row(row, extra)
+    if isinstance(env, Banks):
+        problems += env.check_row(row, extra)
     if (
         truth
         and "ground_truth" in extra

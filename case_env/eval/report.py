@@ -1,6 +1,6 @@
 """report.html: one self-contained page per eval run (plots and images inlined as data URIs), so it can be
 mailed or attached to a paper's supplement. The environment supplies its headline, tables and plots
-(`Environment.report`); this page adds a trajectory browser with every conversation and its images. The page
+(`Evaluation.report`); this page adds a trajectory browser with every conversation and its images. The page
 checks its own images after load and records the result on <body> (data-images-ok / data-images-broken,
 data-table-rows for the table with id `accuracy`), which the browser tests read."""
 
@@ -11,7 +11,8 @@ import html
 import io
 from pathlib import Path
 
-from case_env.core.environment import Environment, ReportParts
+from case_env.core.environment import Environment
+from case_env.core.parts import Evaluation, ReportParts
 from case_env.eval import trajectory
 
 BROWSER_LIMIT = 100  # conversations shown; images are inlined, so the page grows with each one
@@ -99,7 +100,7 @@ def _browser(records: list[dict], base: Path) -> str:
 
 def write_report(out: Path, env: Environment, runs: list[tuple[str, dict]], records: list[dict]) -> Path:
     """The page of one or several runs (labels and results) of one environment, with `records` browsed."""
-    parts: ReportParts = env.report(runs, records)
+    parts: ReportParts = env.report(runs, records) if isinstance(env, Evaluation) else ReportParts("")
     first = runs[0][1]
     agents = "; ".join(label for label, _ in runs)
     about = " · ".join(

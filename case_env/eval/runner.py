@@ -18,6 +18,7 @@ import json
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from PIL import Image
 from tqdm import tqdm
@@ -26,7 +27,8 @@ from case_env.core import registry
 from case_env.core.bank import Item, load_items
 from case_env.core.calls import FIELD, ExecutedCall
 from case_env.core.client import RetryPolicy, ToolClient
-from case_env.core.environment import Environment, PolicyFactory, Variant
+from case_env.core.environment import Environment
+from case_env.core.parts import Baselines, Evaluation, PolicyFactory, Variant
 from case_env.core.policy import Observation, Turn, transcript
 from case_env.eval import trajectory
 from case_env.eval.openai_agent import ModelSettings, OpenAIPolicy, chat_client
@@ -45,18 +47,35 @@ def bank_environment(items: list[Item]) -> Environment:
     return registry.get(envs.pop())
 
 
+class PlainEvaluation(Evaluation):
+    """How an environment without an `Evaluation` part is evaluated: each row once, the mean reward."""
+
+    def summarise(self, records: list[dict]) -> dict[str, Any]:
+        n = len(records)
+        accuracy = round(sum(float(r.get("reward", 0.0)) for r in records) / n, 4) if n else 0.0
+        return {"overall": {"n": n, "accuracy": accuracy}}
+
+    def summary_lines(self, results: dict[str, Any]) -> list[str]:
+        overall = results["overall"]
+        return [f"overall {overall['n']} accuracy {overall['accuracy']:.3f}"]
+
+
+def evaluation_of(env: Environment) -> Evaluation:
+    return env if isinstance(env, Evaluation) else PlainEvaluation()
+
+
 def agents_of(env: Environment) -> tuple[str, ...]:
-    return (*env.agents, OPENAI)
+    return (*(env.baselines if isinstance(env, Baselines) else ()), OPENAI)
 
 
 def samples_per_row(env: Environment, items: list[Item]) -> int:
     """How many independent samples the environment draws of each row."""
-    return sum(v.sample is not None for v in env.variants(items[0]))
+    return sum(v.sample is not None for v in evaluation_of(env).variants(items[0]))
 
 
 def sample_temperature(env: Environment, model: ModelSettings) -> float:
     """The user's temperature, else the environment's for independent samples."""
-    return env.sample_temperature if model.temperature is None else model.temperature
+    return evaluation_of(env).sample_temperature if model.temperature is None else model.temperature
 
 
 def sampling(env: Environment, model: ModelSettings, variant: Variant, repeat: int, seed: int):
@@ -99,7 +118,7 @@ def check_sampling(env: Environment, items: list[Item], model: ModelSettings | N
         raise ValueError(
             f"temperature 0 makes the {samples} independent samples of each {env.title} case identical, so "
             f"pass@k would equal pass@1 for every k: sample above 0 (the default is "
-            f"{env.sample_temperature}), or pass --greedy-samples to run them greedily anyway"
+            f"{evaluation_of(env).sample_temperature}), or pass --greedy-samples to run them greedily anyway"
         )
 
 
@@ -112,6 +131,7 @@ def _policies(
             f"agent {agent!r} does not play a {env.title} bank; choose one of {', '.join(agents_of(env))}"
         )
     if agent != OPENAI:
+        assert isinstance(env, Baselines)  # agents_of lists scripted agents only of environments with them
         scripted: PolicyFactory = env.policy_factory(agent, bank, seed)
         return lambda item, variant, _tools, repeat: scripted(item, variant, repeat)
     if model is None:
@@ -223,7 +243,8 @@ def run_eval(
         raise ValueError(f"{bank} holds no rows")
     env = bank_environment(items)
     check_sampling(env, items, model, greedy_samples)
-    budget = max_turns or env.max_turns
+    evaluation = evaluation_of(env)
+    budget = max_turns or evaluation.max_turns
     make_policy = _policies(env, agent, bank, seed, model, budget)
     out.mkdir(parents=True, exist_ok=True)
     path = out / trajectory.FILENAME
@@ -235,7 +256,7 @@ def run_eval(
         (item, variant, repeat)
         for item in items
         for repeat in range(repeats)
-        for variant in env.variants(item)
+        for variant in evaluation.variants(item)
     ]
     keys = {trajectory.rollout_id(item, repeat, variant.name) for item, variant, repeat in rollouts}
     todo = [r for r in rollouts if trajectory.rollout_id(r[0], r[2], r[1].name) not in done]
@@ -262,7 +283,7 @@ def run_eval(
         "bank": str(bank),
         "server_version": server_version,
         "sampling": sampling_settings(env, items, agent, model, repeats, seed),
-        **env.summarise(records),
+        **evaluation.summarise(records),
     }
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     write_report(out, env, [(agent, results)], records)
@@ -296,7 +317,7 @@ async def _run(
                     )
                     episode = await runner.play(item, variant, policy, tools)
                 record = trajectory.to_record(
-                    item, env.name, episode, out, repeat, variant.name, env.record_fields(item)
+                    item, env.name, episode, out, repeat, variant.name, evaluation_of(env).record_fields(item)
                 )
                 with path.open("a", encoding="utf-8") as handle:
                     handle.write(json.dumps(record, ensure_ascii=False) + "\n")

@@ -161,7 +161,7 @@ def _from_turns(
 
 
 def _persona(data_source: str, extra: dict) -> str:
-    persona = registry.for_row(data_source, extra).persona_of(data_source)
+    persona = registry.for_row(data_source, extra).personas.of(data_source)
     return persona.name if persona else ""
 
 

@@ -6,7 +6,7 @@ enough, and ordering every exam is expensive.
 Each condition lists its lay symptoms, its usual pain descriptor and time course, the history that goes
 with it, the exams its work-up records (with abnormal findings) and, per exam, the `signature` words a
 reader of the findings would take as the sign of that condition. The same table is the textbook of the
-scripted clinician (`case_env.envs.clinic.agents`), which never sees a case's diagnosis.
+scripted clinician (`case_env.envs.clinic.baselines`), which never sees a case's diagnosis.
 """
 
 from __future__ import annotations

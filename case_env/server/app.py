@@ -27,7 +27,7 @@ from case_env.server import contract
 from case_env.server.admission import Admission
 from case_env.server.audit import AuditLog
 from case_env.server.auth import AuthError, TokenGate
-from case_env.server.episodes import EpisodeStore
+from case_env.server.episodes import EpisodeLog
 from case_env.server.errors import INTERNAL_MESSAGE, error_response, short
 from case_env.server.fastpath import ToolServer
 from case_env.server.limits import BodyLimit
@@ -95,11 +95,7 @@ def _hosted(environments: Iterable[Environment] | None) -> tuple[dict[str, Envir
     hosted = (
         {env.name: env for env in environments} if environments is not None else dict(registry.environments())
     )
-    owners: dict[str, str] = {}
-    for env in hosted.values():
-        for tool in env.tools:
-            if owners.setdefault(tool, env.name) != env.name:
-                raise ValueError(f"tool {tool!r} is served by both {owners[tool]} and {env.name}")
+    owners = registry.tool_owners(hosted.values())
     return hosted, owners
 
 
@@ -119,7 +115,7 @@ def create_app(
         raise_open_file_limit()
         specs = {name: spec for env in hosted.values() for name, spec in env.tools.items()}
         replay = ReplayBook.load(settings.replay_dir, specs) if settings.replay_dir else None
-        stores = {}
+        cases = {}
         if replay is not None:
             specs = replay.bind(specs)
             log.info(
@@ -130,12 +126,12 @@ def create_app(
             )
         else:
             for name, env in hosted.items():
-                stores[name] = env.open_store(data)
-                problems = stores[name].problems
+                cases[name] = env.open_cases(data)
+                problems = cases[name].problems
                 log.info(
                     "%s: %d cases, %d problem(s) under %s",
                     name,
-                    len(stores[name].ids()),
+                    len(cases[name].ids()),
                     len(problems),
                     data.data_root,
                 )
@@ -145,11 +141,11 @@ def create_app(
             settings=settings,
             data=data,
             environments=hosted,
-            stores=stores,
+            cases=cases,
             tools=specs,
             tool_env=tool_env,
             replay=replay,
-            episodes=EpisodeStore(
+            episodes=EpisodeLog(
                 settings.episode_db,
                 settings.episode_idle_s,
                 settings.max_episodes,
@@ -169,7 +165,7 @@ def create_app(
             log.warning("audit log disabled (set CASE_ENV_AUDIT_LOG or --audit-log)")
         app.state.server = state
         app.serving = state
-        # what start-up built (modules, schemas, stores) lives as long as the worker: keep it out of the
+        # what start-up built (modules, schemas, cases) lives as long as the worker: keep it out of the
         # collector's full passes, which otherwise walk it again and again under load
         gc.collect()
         gc.freeze()

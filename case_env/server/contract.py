@@ -20,6 +20,8 @@ from pydantic import BaseModel
 
 from case_env.core import registry
 from case_env.core.environment import Environment
+from case_env.core.parts import Faults
+from case_env.core.tools import ErrorCode
 
 GENERIC = "/v1/tools/{name}"
 
@@ -34,6 +36,7 @@ def install(app: FastAPI, hosted: dict[str, Environment], tool_env: dict[str, st
             _hosted_names(schema, hosted)
             _tool_paths(schema, hosted, tool_env)
             _score_rows(schema)
+            _error_codes(schema, hosted)
             app.openapi_schema = schema
         return app.openapi_schema
 
@@ -89,3 +92,9 @@ def _score_rows(schema: dict) -> None:
     request = schema["components"]["schemas"]["ScoreRequest"]
     extra = request["properties"]["extra_info"]
     extra["anyOf"] = [_component(schema, registry.row_extra()), {"type": "null"}]
+
+
+def _error_codes(schema: dict, hosted: dict[str, Environment]) -> None:
+    codes = [*ErrorCode, *(c for env in hosted.values() if isinstance(env, Faults) for c in env.fault_codes)]
+    info = schema["components"]["schemas"]["ErrorInfo"]["properties"]["code"]
+    info["enum"] = [str(c) for c in dict.fromkeys(codes)]

@@ -63,7 +63,7 @@ class Call(NamedTuple):  # a tuple, not a frozen dataclass, whose __init__ cost 
     digest: str | None
 
 
-class EpisodeStore:
+class EpisodeLog:
     """Not thread-safe by design: the server touches it only from its event loop."""
 
     def __init__(self, path: Path | None, idle_s: float, max_episodes: int, max_calls: int):

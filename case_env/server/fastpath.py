@@ -54,7 +54,7 @@ class ToolServer(FastAPI):
     async def _fast(self, scope: Scope, receive: Receive, send: Send) -> Receive | None:
         """Answer the call and return None, or return the receive the full stack reads the body from."""
         name = scope["path"][len(PREFIX) :]
-        state = self.serving  # None until the lifespan has opened the stores
+        state = self.serving  # None until the lifespan has opened the cases
         if state is None or state.settings.otel:  # FastAPI's telemetry traces calls in the full stack
             return receive
         kind = length = authorization = None

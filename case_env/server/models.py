@@ -6,14 +6,14 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from case_env.core.tools import ErrorCode
-
 EPISODE_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 PATIENT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
 
 
 class ErrorInfo(BaseModel):
-    code: ErrorCode = Field(description="Machine-readable reason.")
+    # a shared code (ErrorCode) or a model fault of the call's environment (`Faults`); /openapi.json lists
+    # the hosted ones (server/contract.py)
+    code: str = Field(description="Machine-readable reason.")
     message: str = Field(description="One line, readable by a model or a person; never a path or traceback.")
 
 

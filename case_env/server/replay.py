@@ -100,7 +100,7 @@ class ReplayBook:
 
     def _handler(self, spec: ToolSpec):
         def run(ctx: ToolContext, args) -> ToolResult:
-            key = (ctx.patient_id, spec.name, canonical_arguments(args))  # already parsed by the route
+            key = (ctx.case_id, spec.name, canonical_arguments(args))  # already parsed by the route
             found = self.entries.get(key)
             if found is None:
                 raise ToolError(

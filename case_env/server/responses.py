@@ -1,7 +1,7 @@
 """Answers of pure tool calls, remembered: the same call on the same data gets the same bytes.
 
 Tools are pure functions of (patient data, arguments), and GRPO rolls each prompt out several times at once
-(verl's `rollout.n`), so the trajectories of a group ask for the same visits, volumes and slices. Each
+(verl's `rollout.n`), so the trajectories of a group make the same calls. Each
 answer is kept with its encoded images (base64 done once) under (tool, patient, canonical arguments, the
 patient's file fingerprint); a replaced file changes the fingerprint, so stale answers are never served.
 Only successful answers are kept, in the same byte-bounded LRU that holds decoded volumes; identical calls

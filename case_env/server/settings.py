@@ -1,6 +1,7 @@
 """Settings of the HTTP service (`CASE_ENV_*` environment variables or `case-env serve` options).
 
-Data-layer settings (root, cache budget, cache directory) live in `case_env.settings.DataSettings`.
+The data root and cache directory live in `case_env.settings.DataSettings`; an environment's own data settings in
+its package.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ class ServerSettings(BaseSettings):
     loop_renders: bool | None = Field(
         None,
         description="Render a warm case on the event loop instead of a render thread (tools that declare "
-        "RESIDENT; a case not yet in memory still goes to the pool). Default: when a worker has one render "
+        "resident=True; a case not yet in memory still goes to the pool). Default: when a worker has one render "
         "thread, whose hand-off cost a fifth of a render's CPU and bought no parallelism (issue 19).",
     )
     text_threads: int = Field(

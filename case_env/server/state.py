@@ -12,11 +12,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from case_env.core.environment import CaseStore, Environment
+from case_env.core.environment import Cases, Environment
+from case_env.core.parts import HeldContext
 from case_env.core.tools import ToolSpec, schema_version
 from case_env.server.admission import Admission
 from case_env.server.audit import AuditLog
-from case_env.server.episodes import EpisodeStore
+from case_env.server.episodes import EpisodeLog
 from case_env.server.metrics import Metrics
 from case_env.server.replay import ReplayBook
 from case_env.server.responses import ResponseCache
@@ -29,10 +30,10 @@ class ServerState:
     settings: ServerSettings
     data: DataSettings
     environments: dict[str, Environment]
-    stores: dict[str, CaseStore]
+    cases: dict[str, Cases]  # each hosted environment's cases
     tools: dict[str, ToolSpec]
     tool_env: dict[str, str]  # tool name -> its environment
-    episodes: EpisodeStore
+    episodes: EpisodeLog
     audit: AuditLog
     metrics: Metrics
     render_pool: ThreadPoolExecutor
@@ -53,15 +54,19 @@ class ServerState:
         """Every environment's cases (a replay serves only its recorded patients)."""
         if self.replay:
             return sorted(self.replay.patients)
-        return [case_id for store in self.stores.values() for case_id in store.ids()]
+        return [case_id for cases in self.cases.values() for case_id in cases.ids()]
 
-    def environment(self, patient_id: str) -> str | None:
-        """The environment a patient id belongs to; None when no store holds it."""
+    def environment(self, patient_id: str, tool: str = "") -> str | None:
+        """The environment a case id belongs to; None when no environment holds it. The tool's environment
+        is asked first: one lookup on every well-formed call, the other environments only for a refusal."""
         if self.replay:
             env = self.replay.patients.get(patient_id)
             return env if env in self.environments else None
-        for name, store in self.stores.items():  # a loop, not next(generator): this runs on every call
-            if patient_id in store:
+        owner = self.tool_env.get(tool)
+        if owner is not None and patient_id in self.cases[owner]:
+            return owner
+        for name, cases in self.cases.items():  # a loop, not next(generator): refusals come here
+            if patient_id in cases:
                 return name
         return None
 
@@ -69,15 +74,15 @@ class ServerState:
         """Whether a call of `tool` changes the context the server holds for its episode (it then writes the
         episode log at once, so that the episode's next call on any worker reads it)."""
         owner = self.tool_env.get(tool)
-        return owner is not None and self.environments[owner].context_from_log
+        return owner is not None and isinstance(self.environments[owner], HeldContext)
 
     def fingerprint(self, env: str, patient_id: str) -> tuple:
         """What the response cache keys a case's answers under (its files' stats, or nothing for cases
         read once per worker)."""
-        return self.stores[env].fingerprint(patient_id)
+        return self.cases[env].fingerprint(patient_id)
 
     def memory_bytes(self) -> int:
-        return sum(store.memory_bytes() for store in self.stores.values())
+        return sum(cases.memory_bytes() for cases in self.cases.values())
 
     def note_gauges(self) -> None:
         """Refresh the in-flight and cache-bytes gauges. The server's tick does this every quarter second
@@ -92,7 +97,7 @@ class ServerState:
         if self.preload_pool is None or self.replay is not None or patient_id in self._warmed:
             return
         self._warmed.add(patient_id)
-        self.preload_pool.submit(self.stores[env].warm, patient_id)
+        self.preload_pool.submit(self.cases[env].warm, patient_id)
 
     def readiness(self) -> tuple[bool, str | None]:
         """Checked on every call, so the file-system probe is reused for a second."""
@@ -104,8 +109,10 @@ class ServerState:
     def _check_readiness(self) -> tuple[bool, str | None]:
         if self.replay is not None:
             return (True, None) if self.replay.entries else (False, "the replay set holds no recorded calls")
-        if not self.data.data_root.is_dir():
-            return False, "the data root is not readable"
-        if not any(store.ids() for store in self.stores.values()):
+        # an environment may hold cases from elsewhere (a text environment's case files): the data root
+        # matters only when no environment holds any
+        if not any(cases.ids() for cases in self.cases.values()):
+            if not self.data.data_root.is_dir():
+                return False, "the data root is not readable"
             return False, "the data root holds no patients"
         return True, None

@@ -8,7 +8,7 @@ structs across rows. This subclass decodes the string on access.
 verl's prompt-length filter (`filter_overlong_prompts`) renders every prompt with *every* tool of the tool
 YAML, while `ToolAgentLoop` offers a row only its `extra_info.tool_selection`, in that order
 (verl/utils/dataset/rl_dataset.py, experimental/agent_loop/tool_agent_loop.py; docs/sources.md, verl 0.9.1).
-A clinic row offers 9 of 69 tools, so verl measured 31,432 characters where the rollout renders 7,581, and
+A MedExAgent-style row offers 9 of 69 tools, so verl measured 31,432 characters where the rollout renders 7,581, and
 dropped every row of the bank at a 4,096-token limit. Here each row is measured with the tools the rollout
 offers it; the rendering is otherwise verl's. Select it with
 `data.custom_cls.path=<this file> data.custom_cls.name=CaseRLHFDataset`.

@@ -32,44 +32,30 @@ import case_env.verl.dataset as case_dataset
 from case_env.core import registry
 from case_env.core.bank import bank_sources
 from case_env.core.calls import FORMATS
+from case_env.core.parts import Recipe, Recipes
 from case_env.server.control import Sizing, ensure_server, is_loopback, stop
 from case_env.verl.config import write
 
-# A recipe is the overrides that differ from the base recipe (`grpo`, ours). `medexagent` is MedExAgent's RL
-# run (config/rl_config.yaml and train/rl/run.py; docs/sources.md, MedExAgent): "DAPO" there is GRPO with
-# clip-higher (0.2 / 0.3), no KL term, entropy bonus 0.002, 16 samples per prompt at temperature 1.0, lr 1e-6,
-# batch 64, one epoch, SGLang, a 4,096-token prompt and a 16,384-token response, at most 20 assistant and 15
-# user turns, a checkpoint every 200 steps and no validation (`disable_eval: true`: val_before_train False,
-# test_freq -1). verl counts every tool response as a user turn, and the patient is a tool here, so its 15
-# bounds questions and exams together where MedExAgent's bounded the patient's replies alone.
-RECIPES: dict[str, dict[str, str]] = {
-    "grpo": {},
-    "medexagent": {
-        "data.max_prompt_length": "4096",
-        "data.max_response_length": "16384",
-        "actor_rollout_ref.actor.use_kl_loss": "False",
-        "actor_rollout_ref.actor.kl_loss_coef": "0.0",
-        "actor_rollout_ref.actor.clip_ratio_low": "0.2",
-        "actor_rollout_ref.actor.clip_ratio_high": "0.3",
-        "actor_rollout_ref.actor.entropy_coeff": "0.002",
-        "actor_rollout_ref.actor.optim.lr": "1e-6",
-        "algorithm.use_kl_in_reward": "False",
-        "actor_rollout_ref.rollout.temperature": "1.0",
-        "actor_rollout_ref.rollout.multi_turn.max_assistant_turns": "20",
-        "actor_rollout_ref.rollout.multi_turn.max_user_turns": "15",
-        "trainer.save_freq": "200",
-        "trainer.test_freq": "-1",
-        "trainer.val_before_train": "False",
-        "trainer.max_actor_ckpt_to_keep": "null",
-    },
-}
-# The recipe's values for options a user may still set: (group size, epochs, engine).
-RECIPE_DEFAULTS = {"grpo": (8, 3, "vllm"), "medexagent": (16, 1, "sglang")}
+# A recipe is the overrides that differ from the base recipe (`grpo`, ours); environments add their own
+# (`case_env.core.parts.Recipes`).
+BASE = Recipe({}, group_size=8, epochs=3, rollout="vllm", summary="ours")
+
+
+def recipes() -> dict[str, Recipe]:
+    """Every recipe: the base one, then each environment's."""
+    found = {"grpo": BASE}
+    for env in registry.environments().values():
+        if isinstance(env, Recipes):
+            found.update(env.recipes)
+    return found
+
+
 TEMPLATE_CHOICES = ("auto", "model", "shipped")
 
 
 def parse(argv: list[str], prog: str = "scripts/train_grpo.sh") -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    known = recipes()
     parser.add_argument(
         "--model", required=True, help="Model path or Hugging Face id (a VL model: tools return images)."
     )
@@ -104,18 +90,23 @@ def parse(argv: list[str], prog: str = "scripts/train_grpo.sh") -> tuple[argpars
     parser.add_argument(
         "--recipe",
         default="grpo",
-        choices=sorted(RECIPES),
-        help="grpo (ours) or medexagent (MedExAgent's DAPO run: clip 0.2/0.3, no KL, entropy 0.002, group 16).",
+        choices=sorted(known),
+        help="; ".join(f"{name} ({r.summary})" for name, r in known.items()) + ".",
     )
     parser.add_argument(
-        "--group-size", type=int, default=None, help="Samples per prompt (rollout.n); grpo 8, medexagent 16."
+        "--group-size",
+        type=int,
+        default=None,
+        help="Samples per prompt (rollout.n); " + ", ".join(f"{n} {r.group_size}" for n, r in known.items()),
     )
-    parser.add_argument("--epochs", type=int, default=None, help="grpo 3, medexagent 1.")
+    parser.add_argument(
+        "--epochs", type=int, default=None, help=", ".join(f"{n} {r.epochs}" for n, r in known.items()) + "."
+    )
     parser.add_argument(
         "--rollout",
         default=None,
         choices=["vllm", "sglang"],
-        help="Inference engine; grpo vllm, medexagent sglang.",
+        help="Inference engine; " + ", ".join(f"{n} {r.rollout}" for n, r in known.items()) + ".",
     )
     parser.add_argument(
         "--tool-config",
@@ -159,7 +150,8 @@ def parse(argv: list[str], prog: str = "scripts/train_grpo.sh") -> tuple[argpars
         help="Print the preflight table and the whole composed config, validated by verl; start nothing.",
     )
     args, extra = parser.parse_known_args(argv)
-    group, epochs, engine = RECIPE_DEFAULTS[args.recipe]
+    recipe = recipes()[args.recipe]
+    group, epochs, engine = recipe.group_size, recipe.epochs, recipe.rollout
     args.group_size = args.group_size or group
     args.epochs = args.epochs or epochs
     args.rollout = args.rollout or engine
@@ -198,7 +190,11 @@ class Plan:
     def overrides(self) -> list[str]:
         """The base recipe, then the chosen recipe's values, then the user's own: for a key set twice the
         last one stays (Hydra refuses a key given twice)."""
-        items = [*self._base(), *(f"{k}={v}" for k, v in RECIPES[self.args.recipe].items()), *self.extra]
+        items = [
+            *self._base(),
+            *(f"{k}={v}" for k, v in recipes()[self.args.recipe].overrides.items()),
+            *self.extra,
+        ]
         return [item for i, item in enumerate(items) if not _overridden(item, items[i + 1 :])]
 
     def _base(self) -> list[str]:

@@ -2,7 +2,7 @@
 
 This is the main job of `make demo` on a machine without GPUs: the same tool YAML, dataset class, adapter
 and reward function a GRPO run uses, with the model replaced by the row's environment's scripted baseline
-(`Environment.loop_agent`), writing its tool calls in the loop's format (`hermes` or `qwen3_coder`), so every
+(`Baselines.loop_agent`), writing its tool calls in the loop's format (`hermes` or `qwen3_coder`), so every
 part between the dataset row and the reward is exercised for real.
 """
 
@@ -23,7 +23,7 @@ from verl.tools.tool_registry import load_all_tools
 from case_env.core import registry
 from case_env.core.bank import Item
 from case_env.core.calls import FIELD
-from case_env.core.environment import Variant
+from case_env.core.parts import Baselines, Variant
 from case_env.core.policy import LoopPolicy
 from case_env.verl.config import path_for, write
 from case_env.verl.dataset import CaseRLHFDataset
@@ -80,7 +80,7 @@ def load_rows(parquet: Path, per_source: int) -> list[dict]:
 
 
 def policy_for(item: dict, form: str = "hermes") -> LoopPolicy:
-    """The row's environment's scripted baseline (`Environment.loop_agent`), as the scripted model's turns."""
+    """The row's environment's scripted baseline (`Baselines.loop_agent`), as the scripted model's turns."""
     env = registry.for_row(item["data_source"], item["extra_info"])
     row = Item(
         "",
@@ -89,6 +89,8 @@ def policy_for(item: dict, form: str = "hermes") -> LoopPolicy:
         item["reward_model"]["ground_truth"],
         item["extra_info"],
     )
+    if not isinstance(env, Baselines) or not env.loop_agent:
+        raise ValueError(f"the {env.name} environment has no scripted baseline to play through verl")
     return LoopPolicy(env.policy_factory(env.loop_agent, Path("."), 0)(row, Variant(), 0), form)
 
 

@@ -23,9 +23,11 @@ What verl 0.9.1 does and does not do shapes this class (docs/architecture.md, "v
 from __future__ import annotations
 
 import asyncio
+import functools
 import io
 import re
 import time
+import weakref
 from typing import Any
 from uuid import uuid4
 
@@ -36,6 +38,7 @@ from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 from case_env.core import registry
 from case_env.core.calls import FIELD, ExecutedCall
 from case_env.core.client import Reply, RetryPolicy, ToolClient
+from case_env.core.environment import Environment
 
 EPISODE_FIELD = "case_env_episode_id"
 _SHARED_IDS = re.compile(r"det-\d+")  # verl's request ids under full_determinism, shared by trajectories
@@ -56,6 +59,23 @@ class CaseTool(BaseTool):
         self.settings = RetryPolicy.model_validate(config)
         self._rows: dict[str, dict] = {}
         self._clients: dict[int, ToolClient] = {}
+        # the episode's calls as ExecutedCall, kept beside verl's agent data for as long as it lives, so a
+        # call's context is built from the calls so far without parsing each of them again
+        self._parsed: weakref.WeakKeyDictionary[Any, list[ExecutedCall]] = weakref.WeakKeyDictionary()
+
+    @functools.cached_property
+    def environment(self) -> Environment | None:
+        """The tool's environment, resolved once per tool object (every call of this tool has the same)."""
+        return registry.for_tool(self.name)
+
+    def _calls_so_far(self, agent_data: Any, records: list[dict]) -> list[ExecutedCall]:
+        try:
+            parsed = self._parsed.setdefault(agent_data, [])
+        except TypeError:  # agent data that cannot be referenced weakly: parse every time
+            return [ExecutedCall.from_record(r) for r in records]
+        # records appended by another CaseTool object of the episode (each tool name has its own)
+        parsed.extend(ExecutedCall.from_record(r) for r in records[len(parsed) :])
+        return parsed
 
     def _client(self) -> ToolClient:
         loop = asyncio.get_running_loop()
@@ -80,13 +100,15 @@ class CaseTool(BaseTool):
         row = self._rows.get(instance_id) or {}
         calls = agent_data.extra_fields.setdefault(FIELD, []) if agent_data is not None else []
         started = time.monotonic()
-        env = registry.for_tool(self.name)
+        env = self.environment
         if not row.get("patient_id"):
             reply = Reply("no_patient", 0, infra_error=True)
             response = ToolResponse(text="Error: no patient is bound to this trajectory.")
         else:
             body = {"episode_id": episode, "patient_id": row["patient_id"], "arguments": parameters}
-            context = env.episode_context(row, [ExecutedCall.from_record(c) for c in calls]) if env else None
+            context = None
+            if env is not None and env.context_model is not None:
+                context = env.episode_context(row, self._calls_so_far(agent_data, calls))
             if context is not None:
                 body["context"] = context
             reply = await self._client().call(self.name, body)

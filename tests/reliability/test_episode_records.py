@@ -8,7 +8,7 @@ import json
 
 import httpx
 
-from case_env.server.episodes import Call, EpisodeStore
+from case_env.server.episodes import Call, EpisodeLog
 from case_env.server.models import MAX_DEPTH, MAX_NODES
 from tests.server_harness import live_server
 
@@ -47,7 +47,7 @@ def test_a_deeply_nested_call_is_refused_and_the_other_episodes_call_is_kept(dat
 
 def test_a_call_the_log_cannot_write_is_reported_and_the_rest_of_the_flush_written(tmp_path, caplog):
     """Behind the boundary (a tool that records what it was given), the log itself keeps the others."""
-    store = EpisodeStore(tmp_path / "episodes.sqlite", idle_s=100.0, max_episodes=10, max_calls=8)
+    store = EpisodeLog(tmp_path / "episodes.sqlite", idle_s=100.0, max_episodes=10, max_calls=8)
     for episode, patient in (("kept", "case0001"), ("deep", "case0002")):
         store.bind(episode, patient, now=1000.0)
     store.record("kept", "case0001", Call("read_report", {"visit": "baseline"}, "ok", 200, 1.0, None), 1000.0)

@@ -18,7 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from case_env.core import registry
-from case_env.core.tools import MODEL_FAULTS
+from case_env.core.registry import model_faults
 from case_env.reward import compute_score
 from tests.reliability.conftest import explore, size
 from tests.server_harness import live_server
@@ -136,7 +136,9 @@ def test_hostile_arguments_of_every_tool(live, tool):
         response = _post(live, tool, body)
         payload = TALLY.check(response, {200, 422}, f"{tool}({json.dumps(arguments)[:200]})")
         if response.status_code == 200 and not payload["ok"]:
-            assert payload["error"]["code"] in MODEL_FAULTS and payload["text"] == payload["error"]["message"]
+            assert (
+                payload["error"]["code"] in model_faults() and payload["text"] == payload["error"]["message"]
+            )
 
     start = len(TALLY.problems)
     call()

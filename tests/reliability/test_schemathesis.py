@@ -34,7 +34,7 @@ def test_schemathesis_reports_no_failures(dataset, tmp_path, figures):
     ):
         state = server.state
         ids = {
-            "tools": {tool: sorted(state.stores[owner].ids())[:8] for tool, owner in state.tool_env.items()}
+            "tools": {tool: sorted(state.cases[owner].ids())[:8] for tool, owner in state.tool_env.items()}
         }
         done = subprocess.run(
             [

@@ -12,11 +12,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from case_env.core.tools import ErrorCode, ToolError, ToolResult
+from case_env.core.tools import ErrorCode, ToolError, ToolResult, tool_spec
 from case_env.envs.clinic.context import ClinicContext
 from case_env.medicine.exams import EXAMS, FREE_TEXT_MAX, ExamError, exam_call
 
-NAME = "order_exam"
 DESCRIPTION = (
     "Order one examination or test and receive its result. Set exam and only the parameters that exam "
     "takes, with the allowed values the exam list gives. Every exam costs money and discomfort; order what "
@@ -44,7 +43,7 @@ Args = create_model(
 )
 
 
-def run(ctx: ClinicContext, args: BaseModel) -> ToolResult:
+def _run(ctx: ClinicContext, args: BaseModel) -> ToolResult:
     params = {p: getattr(args, p) for p in PARAMETERS}
     try:
         call = exam_call(args.exam, params)
@@ -57,3 +56,7 @@ def run(ctx: ClinicContext, args: BaseModel) -> ToolResult:
             f"{call.describe()} {charge}: no result. This exam is not part of this patient's work-up."
         )
     return ToolResult(f"{call.describe()} {charge}: {found[1]}")
+
+
+# one tool over a model built from the exam table (its parameters are every exam's), so a table, not @tool
+TOOLS = [tool_spec("order_exam", DESCRIPTION, PERSONAS, Args, _run)]

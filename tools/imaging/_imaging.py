@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from case_env.tools.imaging._text import organ_words
 
-from case_env.core.tools import ErrorCode, ToolError, ToolImage
-from case_env.envs.imaging.context import ImagingContext
-from case_env.envs.imaging.viewer.render import ORIENTATION, ORIENTATION_WORDS, Plane, Raster, encode_png
-from case_env.envs.imaging.viewer.service import OrganNotFoundError, RenderedSlice, SlicePosition
+from case_env.envs.imaging.viewer.render import ORIENTATION, ORIENTATION_WORDS, Plane
+from case_env.envs.imaging.viewer.service import RenderedSlice, SlicePosition
 
 AXIS_NAME = {Plane.AXIAL: "z", Plane.CORONAL: "y", Plane.SAGITTAL: "x"}
 SEQUENCE_WORDS = {"water": "water", "fat": "fat", "in": "in-phase", "opp": "opposed-phase"}
@@ -16,28 +14,6 @@ POSITION_HELP = (
     "else percent along the whole scan from inferior/posterior/patient-left (0) to superior/anterior/"
     "patient-right (100)."
 )
-
-
-def positions(
-    ctx: ImagingContext,
-    visits: list[str],
-    plane: Plane,
-    organ: str | None,
-    percent: float | None,
-    sequence: str,
-) -> dict[str, SlicePosition]:
-    name = None
-    if organ is not None:
-        name = ctx.organ(organ, visits[0]).organ
-        for v in visits[1:]:
-            ctx.organ(organ, v)
-    percent = 50.0 if percent is None else percent
-    try:
-        return ctx.imaging.positions(ctx.patient_id, visits, plane, percent, name, sequence)
-    except OrganNotFoundError:
-        raise ToolError(
-            ErrorCode.UNKNOWN_ORGAN, f"organ {organ!r} has no voxels in the segmentation"
-        ) from None
 
 
 def where(position: SlicePosition) -> str:
@@ -59,7 +35,3 @@ def legend(rendered: RenderedSlice, limit: int = 10) -> str:
     shown = ", ".join(f"{organ_words(o)} {c}" for o, c in rendered.legend[:limit])
     more = len(rendered.legend) - limit
     return f" Outlines: {shown}" + (f" and {more} more." if more > 0 else ".")
-
-
-def png(image: Raster) -> ToolImage:
-    return ToolImage(encode_png(image), image.width, image.height)

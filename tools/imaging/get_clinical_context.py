@@ -4,20 +4,11 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from case_env.core.tools import ToolResult
+from case_env.core.tools import ToolResult, tool
 from case_env.envs.imaging.context import ImagingContext
 from case_env.envs.imaging.terms import PERSONAS as IMAGING_PERSONAS
-
-NAME = "get_clinical_context"
-DESCRIPTION = (
-    "Get non-imaging context for this patient. section=demographics: sex and age at each visit; "
-    "section=study: why the scans were made and how; section=history: recorded history and lifestyle "
-    "fields, if any."
-)
-PERSONAS = IMAGING_PERSONAS
-RESIDENT = True  # reads only through the patient store, which refuses I/O on the event loop
 
 # Participant fields a model may see under `history`; everything else (e.g. a synthetic root's scenario)
 # stays on the server.
@@ -31,13 +22,8 @@ class Section(StrEnum):
     HISTORY = "history"
 
 
-class Args(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    section: Section = Field(description="Which part: demographics, study or history.")
-
-
 def _demographics(ctx: ImagingContext) -> str:
-    patient = ctx.patients.patient(ctx.patient_id)
+    patient = ctx.patients.patient(ctx.case_id)
     sex = SEX_WORDS.get(patient.sex or "", "sex not recorded")
     parts = [sex.capitalize()]
     if patient.age and patient.age.replace(".", "", 1).isdigit():
@@ -58,16 +44,24 @@ STUDY = (
 
 
 def _history(ctx: ImagingContext) -> str:
-    fields = ctx.patients.patient(ctx.patient_id).fields
+    fields = ctx.patients.patient(ctx.case_id).fields
     shown = [
         f"{key.replace('_', ' ')}: {fields[key]}" for key in HISTORY_FIELDS if fields.get(key, "n/a") != "n/a"
     ]
     return "; ".join(shown) + "." if shown else "No clinical history is recorded for this participant."
 
 
-def run(ctx: ImagingContext, args: Args) -> ToolResult:
-    if args.section is Section.DEMOGRAPHICS:
+# resident: reads only through the patient store, which refuses I/O on the event loop
+@tool(personas=IMAGING_PERSONAS, resident=True)
+def get_clinical_context(
+    ctx: ImagingContext, section: Section = Field(description="Which part: demographics, study or history.")
+) -> ToolResult:
+    """Get non-imaging context for this patient. section=demographics: sex and age at each visit;
+    section=study: why the scans were made and how; section=history: recorded history and
+    lifestyle fields, if any.
+    """
+    if section is Section.DEMOGRAPHICS:
         return ToolResult(_demographics(ctx))
-    if args.section is Section.STUDY:
+    if section is Section.STUDY:
         return ToolResult(STUDY)
     return ToolResult(_history(ctx))

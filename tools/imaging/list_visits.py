@@ -3,32 +3,26 @@
 from __future__ import annotations
 
 from case_env.tools.imaging._text import visit_label
-from pydantic import BaseModel, ConfigDict
 
-from case_env.core.tools import ToolResult
+from case_env.core.tools import ToolResult, tool
 from case_env.envs.imaging.context import ImagingContext
 from case_env.envs.imaging.scan_protocol import STATION_NAMES
 from case_env.envs.imaging.terms import PERSONAS as IMAGING_PERSONAS
 
-NAME = "list_visits"
-DESCRIPTION = (
-    "List this patient's imaging visits: the date of each, the interval since baseline, the body stations "
-    "and MRI sequences acquired (Dixon water, fat, in-phase, opposed-phase), and whether organ segmentation "
-    "and a radiology report exist. Call this first to learn which visits you can compare."
-)
-PERSONAS = IMAGING_PERSONAS
-INLINE = True  # the scanned index, in memory: microseconds, served on the event loop
 _STATIONS = "; ".join(f"{i} {name}" for i, name in enumerate(STATION_NAMES, start=1))
 _STATIONS_LINE = f"Each scan covers six stations, neck to knee: {_STATIONS}."
 _SEQUENCES = ("water", "fat", "in", "opp")
 
 
-class Args(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-def run(ctx: ImagingContext, args: Args) -> ToolResult:
-    visits = ctx.patients.patient(ctx.patient_id).visits
+# inline: the scanned index, in memory: microseconds, served on the event loop
+@tool(personas=IMAGING_PERSONAS, inline=True)
+def list_visits(ctx: ImagingContext) -> ToolResult:
+    """List this patient's imaging visits: the date of each, the interval since baseline, the body
+    stations and MRI sequences acquired (Dixon water, fat, in-phase, opposed-phase), and whether
+    organ segmentation and a radiology report exist. Call this first to learn which visits you
+    can compare.
+    """
+    visits = ctx.patients.patient(ctx.case_id).visits
     lines = [f"{len(visits)} visit(s)."]
     for vf in visits:
         after = ""

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from case_env.core.store import CaseContext
+from case_env.core.text_cases import CaseContext
 
 MAX_ATTEMPTS = 64
 

@@ -9,27 +9,34 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, Field
 
-from case_env.core.bank import Item
+from case_env.core.bank import CASE_EXTRA, Item
 from case_env.core.calls import ExecutedCall
-from case_env.core.environment import (
+from case_env.core.environment import Environment, Score
+from case_env.core.parts import (
     BankBuild,
     BankOptions,
-    DataCheck,
-    Environment,
+    Banks,
+    Baselines,
+    Evaluation,
+    HeldContext,
     PolicyFactory,
-    Score,
+    Synthesis,
     SynthOptions,
     TextBankOptions,
+    TextCases,
     Variant,
 )
+from case_env.core.personas import Personas
 from case_env.core.problems import Problems
-from case_env.core.store import check_case_files, load_text_cases
+from case_env.core.text_cases import load_text_cases
+from case_env.core.tools import Tools
 from case_env.envs.casereason import evaluation
 from case_env.envs.casereason.context import ReasoningContext, ReasoningEpisode
 from case_env.envs.casereason.reward import ReasoningScoreExtra
 
 if TYPE_CHECKING:
-    from case_env.envs.casereason.store import CaseReasonStore
+    from case_env.envs.casereason.cases import Loaded
+    from case_env.envs.casereason.store import ReasoningCases
     from case_env.settings import DataSettings
 
 
@@ -49,38 +56,44 @@ class ReasoningBankOptions(TextBankOptions):
     )
 
 
-class CaseReasonEnvironment(Environment):
+class CaseReasonEnvironment(Environment, TextCases, Banks, Synthesis, Baselines, Evaluation, HeldContext):
     name = "casereason"
     title = "case-reasoning"
     summary = (
         "MedCaseReasoning: long case presentations, its judge and harness, k attempts, reasoning recall."
     )
-    tools_package = "case_env.tools.casereason"
-    personas_package = "case_env.personas.casereason"
+    tools = Tools("case_env.tools.casereason")
+    personas = Personas("case_env.personas.casereason")
     context_model = ReasoningEpisode
     score_extra = ReasoningScoreExtra
     bank_options = ReasoningBankOptions
-    required_extra = ("casereason",)
-    agents = ("reader", "symptoms")
+    required_extra = ("casereason", *CASE_EXTRA)
+    baselines = ("reader", "symptoms")
     loop_agent = "reader"
-    case_files = True
     max_turns = evaluation.ATTEMPTS + 2
 
-    def open_store(self, data: DataSettings) -> CaseReasonStore:
-        from case_env.envs.casereason.store import CaseReasonSettings, CaseReasonStore
+    def open_cases(self, data: DataSettings) -> ReasoningCases:
+        from case_env.envs.casereason.store import CaseReasonSettings, ReasoningCases
 
-        return CaseReasonStore.load(CaseReasonSettings(), data.data_root)
+        return ReasoningCases.load(CaseReasonSettings(), data.data_root)
 
-    def tool_context(self, store, patient_id, episode) -> ReasoningContext:
-        return ReasoningContext(store, patient_id, episode)
+    def tool_context(self, cases, case_id, episode) -> ReasoningContext:
+        return ReasoningContext(cases, case_id, episode)
+
+    def load_cases(self, paths: list[Path]) -> Loaded:
+        from case_env.envs.casereason.cases import load_cases
+
+        return load_cases(paths)
+
+    def describe_cases(self, cases: list) -> tuple[dict, str]:
+        diagnoses = len({c.diagnosis for c in cases})
+        return {"diagnoses": diagnoses}, f", {diagnoses} diagnoses"
 
     def episode_context(self, create: Mapping[str, Any], calls: Sequence[ExecutedCall]) -> dict:
         return {"attempts": int(create.get("attempts") or 1), "submissions": _submitted(calls)}
 
     # the attempt budget is spent on the server's own count: a client that sent no submissions each time
     # had every attempt judged (issue 31)
-    context_from_log = True
-
     def held_context(self, sent: BaseModel, calls: Sequence[ExecutedCall]) -> BaseModel:
         assert isinstance(sent, ReasoningEpisode)
         return sent.model_copy(update={"submissions": _submitted(calls)})
@@ -88,10 +101,9 @@ class CaseReasonEnvironment(Environment):
     # -- banks and rewards ------------------------------------------------------------------------------
     def build_bank(self, options: BankOptions) -> BankBuild:
         from case_env.envs.casereason.bank import build
-        from case_env.envs.casereason.cases import load_cases
 
         assert isinstance(options, ReasoningBankOptions)
-        paths, loaded = load_text_cases(self, load_cases, options)
+        paths, loaded = load_text_cases(self, options)
         result = build(
             loaded.cases,
             options.seed,
@@ -121,15 +133,6 @@ class CaseReasonEnvironment(Environment):
         return Score.of(casereason_score(solution_str, ground_truth, extra_info))
 
     # -- data -----------------------------------------------------------------------------------------
-    def check_data(self, root: Path) -> DataCheck | None:
-        from case_env.envs.casereason.cases import load_cases
-
-        def describe(cases: list) -> tuple[dict, str]:
-            diagnoses = len({c.diagnosis for c in cases})
-            return {"diagnoses": diagnoses}, f", {diagnoses} diagnoses"
-
-        return check_case_files(self, load_cases, root, describe)
-
     def synthesize(self, options: SynthOptions, echo: Callable[[str], object]) -> None:
         from case_env.envs.casereason.synth import write_cases
 
@@ -142,10 +145,10 @@ class CaseReasonEnvironment(Environment):
         return evaluation.variants(item)
 
     def policy_factory(self, agent: str, bank: Path, seed: int) -> PolicyFactory:
-        from case_env.envs.casereason.agents import SampleReader, SequentialReader, make_reader
+        from case_env.envs.casereason.baselines import SampleReader, SequentialReader, make_reader
 
-        if agent not in self.agents:
-            return super().policy_factory(agent, bank, seed)
+        if agent not in self.baselines:
+            raise ValueError(f"unknown {self.title} agent {agent!r}")
 
         def make(item: Item, variant: Variant, repeat: int):
             reader = make_reader(agent, item.extra["patient_id"], item.prompt[-1]["content"])

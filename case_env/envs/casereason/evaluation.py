@@ -21,7 +21,7 @@ import math
 from collections import defaultdict
 
 from case_env.core.bank import Item
-from case_env.core.environment import Variant
+from case_env.core.parts import Variant
 from case_env.envs.casereason.bank import SEQUENTIAL_RULE
 
 SAMPLES = 10

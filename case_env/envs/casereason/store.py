@@ -9,7 +9,7 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from case_env.core.store import CaseTable, case_paths
+from case_env.core.text_cases import CaseTable, case_paths
 from case_env.envs.casereason.cases import load_cases
 
 log = logging.getLogger("case_env.casereason")
@@ -21,9 +21,9 @@ class CaseReasonSettings(BaseSettings):
     cases: str | None = Field(None, description="Case files or directories, separated by the path separator.")
 
 
-class CaseReasonStore(CaseTable):
+class ReasoningCases(CaseTable):
     @classmethod
-    def load(cls, settings: CaseReasonSettings, data_root: Path | None = None) -> CaseReasonStore:
+    def load(cls, settings: CaseReasonSettings, data_root: Path | None = None) -> ReasoningCases:
         paths = case_paths(settings.cases, data_root, "casereason")
         loaded = load_cases(paths)
         if paths:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from case_env.core.store import CaseContext
+from case_env.core.text_cases import CaseContext
 from case_env.envs.clinic.noise import NoiseConfig, noisy_findings, plan_noise
 from case_env.medicine.exams import ExamCall, RecordedExam
 

@@ -7,31 +7,39 @@ import json
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import Field
 
-from case_env.core.bank import Item
+from case_env.core.bank import CASE_EXTRA, Item
 from case_env.core.calls import ExecutedCall
-from case_env.core.environment import (
+from case_env.core.environment import Environment, Score
+from case_env.core.parts import (
     BankBuild,
     BankOptions,
-    DataCheck,
-    Environment,
+    Banks,
+    Baselines,
+    Evaluation,
     PolicyFactory,
+    Recipe,
+    Recipes,
     ReportParts,
-    Score,
+    Synthesis,
     SynthOptions,
     TextBankOptions,
+    TextCases,
 )
+from case_env.core.personas import Personas
 from case_env.core.problems import Problems
-from case_env.core.store import check_case_files, load_text_cases
+from case_env.core.text_cases import load_text_cases
+from case_env.core.tools import Tools
 from case_env.envs.clinic import evaluation
 from case_env.envs.clinic.context import ClinicContext, ClinicEpisode
 from case_env.envs.clinic.reward import ClinicScoreExtra
 
 if TYPE_CHECKING:
-    from case_env.envs.clinic.store import ClinicStore
+    from case_env.envs.clinic.cases import Loaded
+    from case_env.envs.clinic.store import ClinicCases
     from case_env.settings import DataSettings
 
 
@@ -57,29 +65,72 @@ class ClinicSynthOptions(SynthOptions):
     )
 
 
-class ClinicEnvironment(Environment):
+# MedExAgent's RL run (config/rl_config.yaml and train/rl/run.py; docs/sources.md, MedExAgent): "DAPO" there is
+# GRPO with clip-higher (0.2 / 0.3), no KL term, entropy bonus 0.002, 16 samples per prompt at temperature
+# 1.0, lr 1e-6, batch 64, one epoch, SGLang, a 4,096-token prompt and a 16,384-token response, at most 20
+# assistant and 15 user turns, a checkpoint every 200 steps and no validation (`disable_eval: true`:
+# val_before_train False, test_freq -1). verl counts every tool response as a user turn, and the patient is a
+# tool here, so its 15 bounds questions and exams together where MedExAgent's bounded the patient's replies alone.
+MEDEXAGENT = Recipe(
+    overrides={
+        "data.max_prompt_length": "4096",
+        "data.max_response_length": "16384",
+        "actor_rollout_ref.actor.use_kl_loss": "False",
+        "actor_rollout_ref.actor.kl_loss_coef": "0.0",
+        "actor_rollout_ref.actor.clip_ratio_low": "0.2",
+        "actor_rollout_ref.actor.clip_ratio_high": "0.3",
+        "actor_rollout_ref.actor.entropy_coeff": "0.002",
+        "actor_rollout_ref.actor.optim.lr": "1e-6",
+        "algorithm.use_kl_in_reward": "False",
+        "actor_rollout_ref.rollout.temperature": "1.0",
+        "actor_rollout_ref.rollout.multi_turn.max_assistant_turns": "20",
+        "actor_rollout_ref.rollout.multi_turn.max_user_turns": "15",
+        "trainer.save_freq": "200",
+        "trainer.test_freq": "-1",
+        "trainer.val_before_train": "False",
+        "trainer.max_actor_ckpt_to_keep": "null",
+    },
+    group_size=16,
+    epochs=1,
+    rollout="sglang",
+    summary="MedExAgent's DAPO run: clip 0.2/0.3, no KL, entropy 0.002, group 16",
+)
+
+
+class ClinicEnvironment(Environment, TextCases, Banks, Synthesis, Baselines, Evaluation, Recipes):
     name = "clinic"
     title = "clinic"
     summary = "MedExAgent: its exam tools, reward and noise; ask the patient, order exams at a cost, diagnose, under patient and exam noise."
-    tools_package = "case_env.tools.clinic"
-    personas_package = "case_env.personas.clinic"
+    tools = Tools("case_env.tools.clinic")
+    personas = Personas("case_env.personas.clinic")
     context_model = ClinicEpisode
     score_extra = ClinicScoreExtra
     bank_options = ClinicBankOptions
     synth_options = ClinicSynthOptions
-    required_extra = ("clinic", "noise")
-    agents = ("clinician", "no-exam")
+    required_extra = ("clinic", "noise", *CASE_EXTRA)
+    baselines = ("clinician", "no-exam")
     loop_agent = "clinician"
-    case_files = True
     max_turns = 20  # MedExAgent's assistant-turn limit
+    recipes: ClassVar[dict[str, Recipe]] = {"medexagent": MEDEXAGENT}
 
-    def open_store(self, data: DataSettings) -> ClinicStore:
-        from case_env.envs.clinic.store import ClinicSettings, ClinicStore
+    def open_cases(self, data: DataSettings) -> ClinicCases:
+        from case_env.envs.clinic.store import ClinicCases, ClinicSettings
 
-        return ClinicStore.load(ClinicSettings(), data.data_root)
+        return ClinicCases.load(ClinicSettings(), data.data_root)
 
-    def tool_context(self, store, patient_id, episode) -> ClinicContext:
-        return ClinicContext(store, patient_id, episode)
+    def tool_context(self, cases, case_id, episode) -> ClinicContext:
+        return ClinicContext(cases, case_id, episode)
+
+    def load_cases(self, paths: list[Path]) -> Loaded:
+        from case_env.envs.clinic.cases import load_cases
+
+        return load_cases(paths)
+
+    def describe_cases(self, cases: list) -> tuple[dict, str]:
+        sources = dict(sorted(Counter(c.data_source for c in cases).items()))
+        conditions = len({c.diagnosis for c in cases})
+        words = f" ({', '.join(f'{k} {v}' for k, v in sources.items())}), {conditions} diagnoses"
+        return {"conditions": conditions, "by_data_source": sources}, words
 
     def episode_context(self, create: Mapping[str, Any], calls: Sequence[ExecutedCall]) -> dict:
         history = [
@@ -92,11 +143,10 @@ class ClinicEnvironment(Environment):
     # -- banks and rewards ------------------------------------------------------------------------------
     def build_bank(self, options: BankOptions) -> BankBuild:
         from case_env.envs.clinic.bank import build
-        from case_env.envs.clinic.cases import load_cases
         from case_env.envs.clinic.noise import NoiseConfig
 
         assert isinstance(options, ClinicBankOptions)
-        paths, loaded = load_text_cases(self, load_cases, options)
+        paths, loaded = load_text_cases(self, options)
         from case_env.envs.clinic.reward import RewardWeights
 
         noise = NoiseConfig(
@@ -134,17 +184,6 @@ class ClinicEnvironment(Environment):
         return Score.of(clinic_score(solution_str, ground_truth, extra_info))
 
     # -- data -----------------------------------------------------------------------------------------
-    def check_data(self, root: Path) -> DataCheck | None:
-        from case_env.envs.clinic.cases import load_cases
-
-        def describe(cases: list) -> tuple[dict, str]:
-            sources = dict(sorted(Counter(c.data_source for c in cases).items()))
-            conditions = len({c.diagnosis for c in cases})
-            words = f" ({', '.join(f'{k} {v}' for k, v in sources.items())}), {conditions} diagnoses"
-            return {"conditions": conditions, "by_data_source": sources}, words
-
-        return check_case_files(self, load_cases, root, describe)
-
     def synthesize(self, options: SynthOptions, echo: Callable[[str], object]) -> None:
         from case_env.envs.clinic.synth import make_cases, write_csv, write_jsonl
 
@@ -157,10 +196,10 @@ class ClinicEnvironment(Environment):
 
     # -- evaluation -----------------------------------------------------------------------------------
     def policy_factory(self, agent: str, bank: Path, seed: int) -> PolicyFactory:
-        from case_env.envs.clinic.agents import make_clinician
+        from case_env.envs.clinic.baselines import make_clinician
 
-        if agent not in self.agents:
-            return super().policy_factory(agent, bank, seed)
+        if agent not in self.baselines:
+            raise ValueError(f"unknown {self.title} agent {agent!r}")
         return lambda item, _variant, _repeat: make_clinician(
             agent, "\n".join(m["content"] for m in item.prompt)
         )

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from case_env.core.environment import ReportParts
+from case_env.core.parts import ReportParts
 
 COLUMNS = (
     ("n", "n", "{:d}"),

@@ -14,7 +14,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from case_env.core.llm import ChatClient, LLMSettings
-from case_env.core.store import CaseTable, case_paths
+from case_env.core.text_cases import CaseTable, case_paths
 from case_env.envs.clinic.cases import ClinicCase, load_cases
 from case_env.envs.clinic.noise import NoisePlan
 from case_env.envs.clinic.patient import LLMPatient, RulePatient
@@ -36,7 +36,7 @@ class ClinicSettings(BaseSettings):
     patient_cache: Path | None = Field(None, description="SQLite cache of LLM patient answers.")
 
 
-class ClinicStore(CaseTable):
+class ClinicCases(CaseTable):
     def __init__(
         self, cases: list[ClinicCase], problems: list[str] | None = None, llm: ChatClient | None = None
     ):
@@ -44,7 +44,7 @@ class ClinicStore(CaseTable):
         self.llm = llm
 
     @classmethod
-    def load(cls, settings: ClinicSettings, data_root: Path | None = None) -> ClinicStore:
+    def load(cls, settings: ClinicSettings, data_root: Path | None = None) -> ClinicCases:
         paths = case_paths(settings.cases, data_root, "clinic")
         loaded = load_cases(paths)
         llm = None

@@ -97,6 +97,26 @@ def _register_real_data(root: typer.Typer) -> None:
 
 
 def _register_bench(bench: typer.Typer) -> None:
+    @bench.command("render")
+    def bench_render(
+        data_root: Path = typer.Option(
+            Path("data/bench"), "--data-root", help="Data root (`bench server`'s)."
+        ),
+        calls: int = typer.Option(400, "--calls", min=1, help="Renders per pass."),
+        repeats: int = typer.Option(7, "--repeats", min=1, help="Passes; the least is reported."),
+        seed: int = typer.Option(0, "--seed", help="Seed of the render mix."),
+        out: Path | None = typer.Option(None, "--out", help="Also write the figures here as JSON."),
+    ) -> None:
+        """CPU per uncached render_slice in one thread, against the deflate floor and the thread hop."""
+        from case_env.envs.imaging.bench.render import run_render_bench
+
+        figures = run_render_bench(data_root, calls, repeats, seed)
+        for key, value in figures.items():
+            typer.echo(f"{key:20s} {value}")
+        if out is not None:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(figures, indent=2) + "\n", encoding="utf-8")
+
     @bench.command("ingest")
     def bench_ingest(
         out: Path = typer.Option(

@@ -13,25 +13,34 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
-from case_env.core.bank import Item, reference_rows
-from case_env.core.environment import (
+from case_env.core.bank import CASE_EXTRA, Item, reference_rows
+from case_env.core.environment import Environment, Score
+from case_env.core.errors import CommandError
+from case_env.core.parts import (
     BankBuild,
     BankOptions,
+    Banks,
+    Baselines,
+    Commands,
     DataCheck,
-    Environment,
+    DataChecks,
+    Evaluation,
+    Faults,
     PolicyFactory,
     ReportParts,
-    Score,
+    Synthesis,
     SynthOptions,
     Variant,
 )
-from case_env.core.errors import CommandError
+from case_env.core.personas import Personas
+from case_env.core.tools import Tools
 from case_env.envs.imaging import evaluation
+from case_env.envs.imaging.terms import ImagingFault
 
 if TYPE_CHECKING:
     import typer
 
-    from case_env.envs.imaging.store import ImagingStore
+    from case_env.envs.imaging.store import ImagingCases
     from case_env.settings import DataSettings
 
 CASE_SOURCES = ("vista3d_opsd", "medpanel_v2_opsd", "medboard_opsd")  # Anatomist, Radiologist, Consultant
@@ -66,18 +75,19 @@ class ImagingBankOptions(BankOptions):
     )
 
 
-class ImagingEnvironment(Environment):
+class ImagingEnvironment(Environment, Banks, DataChecks, Synthesis, Baselines, Evaluation, Faults, Commands):
     name = "imaging"
     title = "imaging"
     summary = (
         "CASE: patient-scoped tools over longitudinal Dixon MRI; multiple-choice questions, letter reward."
     )
-    tools_package = "case_env.tools.imaging"
-    personas_package = "case_env.personas.imaging"
+    tools = Tools("case_env.tools.imaging")
+    personas = Personas("case_env.personas.imaging")
+    fault_codes = tuple(ImagingFault)
     synth_options = ImagingSynthOptions
     bank_options = ImagingBankOptions
-    required_extra = ("options",)
-    agents = ("scripted", "vision", "no-tool", "random")
+    required_extra = ("options", *CASE_EXTRA)
+    baselines = ("scripted", "vision", "no-tool", "random")
     loop_agent = "vision"
     max_turns = 32
     default = True
@@ -87,16 +97,18 @@ class ImagingEnvironment(Environment):
         self.store_class = store_class
         self.imaging_class = imaging_class
 
-    def open_store(self, data: DataSettings) -> ImagingStore:
+    def open_cases(self, data: DataSettings) -> ImagingCases:
         from case_env.envs.imaging.data.store import PatientStore
-        from case_env.envs.imaging.store import ImagingStore
+        from case_env.envs.imaging.settings import ImagingSettings
+        from case_env.envs.imaging.store import ImagingCases
         from case_env.envs.imaging.viewer.service import Imaging
 
-        patients = (self.store_class or PatientStore)(settings=data)
-        return ImagingStore(patients, (self.imaging_class or Imaging)(patients, data.image_max_side))
+        settings = ImagingSettings.of(data)
+        patients = (self.store_class or PatientStore)(settings=settings)
+        return ImagingCases(patients, (self.imaging_class or Imaging)(patients, settings.image_max_side))
 
-    def tool_context(self, store, patient_id, episode):
-        return _context_class()(store, patient_id, episode)
+    def tool_context(self, cases, case_id, episode):
+        return _context_class()(cases, case_id, episode)
 
     # -- banks and rewards ------------------------------------------------------------------------------
     def build_bank(self, options: BankOptions) -> BankBuild:
@@ -262,9 +274,9 @@ class ImagingEnvironment(Environment):
 
     # -- evaluation -----------------------------------------------------------------------------------
     def policy_factory(self, agent: str, bank: Path, seed: int) -> PolicyFactory:
-        from case_env.envs.imaging.agents import scripted_agent
-        from case_env.envs.imaging.agents.baselines import LeavePatientOut, NoToolAgent, RandomAgent
-        from case_env.envs.imaging.agents.scripted import TextAgent
+        from case_env.envs.imaging.baselines import scripted_agent
+        from case_env.envs.imaging.baselines.naive import LeavePatientOut, NoToolAgent, RandomAgent
+        from case_env.envs.imaging.baselines.scripted import TextAgent
 
         if agent == "scripted":
             return lambda item, _variant, _repeat: TextAgent(
@@ -283,7 +295,7 @@ class ImagingEnvironment(Environment):
                     return NoToolAgent(item.extra, seed + repeat, priors)
 
             return no_tool
-        return super().policy_factory(agent, bank, seed)
+        raise ValueError(f"unknown {self.title} agent {agent!r}")
 
     def record_fields(self, item: Item) -> dict:
         extra = item.extra

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
-from case_env.core.environment import ReportParts
+from case_env.core.parts import ReportParts
 
 
 def _accuracy(rows: list[dict]) -> float:

@@ -10,7 +10,7 @@ from case_env.envs.imaging.viewer.service import Imaging
 
 
 @dataclass
-class ImagingStore:
+class ImagingCases:
     patients: PatientStore
     imaging: Imaging
 

@@ -42,3 +42,10 @@ COMMON_ORGANS = (
     "left_iliopsoas",
     "right_iliopsoas",
 )
+
+
+class ImagingFault(StrEnum):
+    """Model faults of the imaging tools, beside the shared ones (`case_env.core.tools.ErrorCode`)."""
+
+    UNKNOWN_ORGAN = "unknown_organ"
+    UNKNOWN_VISIT = "unknown_visit"

@@ -27,7 +27,7 @@ class ScoreRequest(BaseModel):
         max_length=200_000, description="The whole decoded response, tool turns included."
     )
     ground_truth: str = Field(
-        max_length=1000, description="The row's reward_model.ground_truth (a letter, a diagnosis, ...)."
+        max_length=1000, description="The row's reward_model.ground_truth (a letter, a name, ...)."
     )
     extra_info: dict[str, Any] | None = Field(
         None,

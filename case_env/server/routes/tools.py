@@ -27,6 +27,7 @@ from pydantic import BaseModel, ValidationError
 
 from case_env.core.environment import Environment
 from case_env.core.errors import DataError, MissingDataError
+from case_env.core.parts import HeldContext
 from case_env.core.problems import describe_errors
 from case_env.core.resident import NotResidentError, resident_only
 from case_env.core.tools import (
@@ -124,7 +125,7 @@ async def list_tools(
                 name=e.name,
                 title=e.title,
                 personas=list(e.personas),
-                data_sources=list(e.data_sources),
+                data_sources=list(e.personas.data_sources),
                 tools=list(e.tools),
                 schema_version=schema_version({n: state.tools[n] for n in e.tools}),
             )
@@ -157,7 +158,7 @@ async def answer(
     started = time.perf_counter()
     outcome = await _serve(state, name, body, started)
     latency_ms = (time.perf_counter() - started) * 1000
-    status = outcome.error.code.value if outcome.error else "ok"
+    status = str(outcome.error.code) if outcome.error else "ok"
     state.metrics.observe(name if name in state.tools else "_unknown", status, latency_ms / 1000)
     if state.audit.enabled:
         state.audit.write(
@@ -233,7 +234,7 @@ def _retry(state: ServerState) -> dict[str, str]:
 
 
 async def _admitted(state: ServerState, name: str, body: ToolCallRequest, started: float) -> Outcome:
-    env_name = state.environment(body.patient_id)
+    env_name = state.environment(body.patient_id, name)
     if env_name is None:
         return Outcome.failure(ErrorCode.UNKNOWN_PATIENT, f"unknown patient {body.patient_id!r}")
     bound_to = state.episodes.bind(body.episode_id, body.patient_id)
@@ -241,14 +242,14 @@ async def _admitted(state: ServerState, name: str, body: ToolCallRequest, starte
         return Outcome.failure(ErrorCode.SCOPE_VIOLATION, "this episode is bound to another patient")
     state.warm(env_name, body.patient_id)
     env = state.environments[env_name]
-    spec = state.tools.get(name)
+    spec = state.tools.get(name)  # the served spec (a replay's answers from its recordings)
     if spec is None:
         valid = ", ".join(env.tools)
         return Outcome.failure(
             ErrorCode.UNKNOWN_TOOL, f"unknown tool {name!r}; available tools: {valid}", bound=True
         )
-    owner = state.environments[state.tool_env[name]]
-    if owner.name != env_name:
+    if state.tool_env[name] != env_name:  # another environment's tool
+        owner = state.environments[state.tool_env[name]]
         message = (
             f"{name} is {_a(owner.title)} tool; this patient is {_a(env.title)} case, not "
             f"{_a(owner.title)} case"
@@ -261,12 +262,12 @@ async def _admitted(state: ServerState, name: str, body: ToolCallRequest, starte
         episode = None
     else:
         try:
-            # strict, as /openapi.json describes the model: "1" is not an exam slot
+            # strict, as /openapi.json describes the model: "1" is not an integer
             episode = env.context_model.model_validate(body.context or {}, strict=True)
         except ValidationError as exc:
             message = short("invalid request: " + describe_errors(exc.errors(), ("context",)))
             return Outcome.failure(ErrorCode.INVALID_REQUEST, message)
-        if env.context_from_log:
+        if isinstance(env, HeldContext):
             episode = env.held_context(episode, state.episodes.calls(body.episode_id))
     return await _run(state, env_name, env, spec, episode, body, started)
 
@@ -288,7 +289,7 @@ async def _run(
         args = spec.parse(body.arguments)
     except ToolError as exc:
         return Outcome.failure(exc.code, exc.message, bound=True)
-    context = env.tool_context(state.stores.get(env_name), body.patient_id, episode)
+    context = env.tool_context(state.cases.get(env_name), body.patient_id, episode)
     compute = functools.partial(_compute, state, spec, args, context, started)
     if spec.inline or state.replay is not None or state.responses.max_bytes <= 0:
         # an inline tool answers faster than its cache key is built; replay answers from recordings; a

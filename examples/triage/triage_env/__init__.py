@@ -13,11 +13,21 @@ from pathlib import Path
 
 from case_env.core.answers import final_segment, last_answer
 from case_env.core.bank import BankRow, ExtraInfo, rows_by_split
-from case_env.core.environment import BankBuild, Environment, Score, SynthOptions
+from case_env.core.environment import Environment, Score
 from case_env.core.frozen import FrozenDraw
+from case_env.core.parts import (
+    BankBuild,
+    Banks,
+    Baselines,
+    Synthesis,
+    SynthOptions,
+    TextBankOptions,
+    TextCases,
+)
+from case_env.core.personas import Personas
 from case_env.core.policy import Turn
-from case_env.core.store import CaseTable, TextBankOptions, case_paths, load_text_cases
-from case_env.core.tools import schema_version
+from case_env.core.text_cases import CaseContext, CaseTable, load_text_cases, served_cases
+from case_env.core.tools import Tools, schema_version
 
 FLAGS = {"heart_rate": (40, 130), "resp_rate": (8, 24), "spo2": (92, 101), "systolic": (90, 250)}
 
@@ -78,22 +88,24 @@ class Nurse:
         return Turn(f"<answer>{patient.level}</answer>")
 
 
-class TriageEnvironment(Environment):
+class TriageEnvironment(Environment, TextCases, Banks, Synthesis, Baselines):
     name = "triage"
     title = "triage"
     summary = "Example: decide urgent or routine from vital signs (one tool, one persona)."
-    tools_package = "triage_env.tools"
-    personas_package = "triage_env.personas"
+    tools = Tools("triage_env.tools")
+    personas = Personas("triage_env.personas")
     bank_options = TextBankOptions
-    agents = ("nurse",)
+    baselines = ("nurse",)
     loop_agent = "nurse"
-    case_files = True
 
-    def open_store(self, data) -> CaseTable:
-        import os
+    def open_cases(self, data) -> CaseTable:
+        return served_cases(self, data.data_root)
 
-        loaded = load(case_paths(os.environ.get("CASE_ENV_TRIAGE_CASES"), data.data_root, self.name))
-        return CaseTable(loaded.cases)
+    def tool_context(self, cases, case_id, episode) -> CaseContext:
+        return CaseContext(cases, case_id, episode)
+
+    def load_cases(self, paths: list[Path]) -> Loaded:
+        return load(paths)
 
     def synthesize(self, options: SynthOptions, echo: Callable[[str], object]) -> None:
         path = options.out / self.name / "cases.jsonl"
@@ -104,7 +116,7 @@ class TriageEnvironment(Environment):
         echo(f"wrote {options.patients} triage cases to {path}")
 
     def build_bank(self, options: TextBankOptions) -> BankBuild:
-        paths, loaded = load_text_cases(self, load, options)
+        paths, loaded = load_text_cases(self, options)
         persona = self.personas["nurse"]
 
         def row(case: Patient, index: int, split: str) -> BankRow:
@@ -117,8 +129,6 @@ class TriageEnvironment(Environment):
                 schema_version(self.tools),
                 question="Urgent or routine?",
                 ground_truth=case.level,
-                teacher_insight="",
-                evidence=[{"tool": "read_vitals", "arguments": {}}],
             )
             user = "A patient has arrived. Urgent or routine?"
             return BankRow.chat(persona.data_source, persona.system_prompt, user, "triage", extra)
@@ -133,12 +143,3 @@ class TriageEnvironment(Environment):
 
     def policy_factory(self, agent, bank, seed):
         return lambda item, variant, repeat: Nurse()
-
-    def summarise(self, records: list[dict]) -> dict:
-        n = len(records)
-        return {
-            "overall": {"n": n, "accuracy": round(sum(r["reward"] for r in records) / n, 4) if n else 0.0}
-        }
-
-    def summary_lines(self, results: dict) -> list[str]:
-        return [f"overall {results['overall']['n']} accuracy {results['overall']['accuracy']:.3f}"]

@@ -3,6 +3,8 @@ the options keyed by letter, the template and (for reports only) the scenario.""
 
 from __future__ import annotations
 
+from typing import Any
+
 from case_env.core.bank import BankRow, ExtraInfo
 from case_env.core.personas import PersonaSpec
 from case_env.envs.imaging.bank.drafts import Question
@@ -11,6 +13,10 @@ ABILITY = "longitudinal_mri_mcq"
 
 
 class ImagingExtra(ExtraInfo):
+    # CASE's fields, optional in the common part and required in CASE's rows
+    question_idx: int
+    teacher_insight: str
+    evidence: list[Any]
     options: dict[str, str]
     template: str = ""
     scenario: str = ""  # for reports only; agents never read it

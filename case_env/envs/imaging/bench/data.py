@@ -16,11 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
-from case_env.core.memory import release_freed_memory_promptly
+from case_env.envs.imaging.data.memory import release_freed_memory_promptly
 from case_env.envs.imaging.data.store import PatientStore
 from case_env.envs.imaging.scan_protocol import CHANNELS
+from case_env.envs.imaging.settings import ImagingSettings
 from case_env.envs.imaging.synth.writer import generate_dataset
-from case_env.settings import DataSettings
 
 
 def _status_mb(field: str) -> float:
@@ -43,7 +43,7 @@ def _touch_all(store: PatientStore) -> None:
 
 def _memory_probe(root: str, budget_bytes: int, cache_dir: str) -> dict:
     """Runs in a fresh process: peak RSS while touching every volume twice under the budget."""
-    settings = DataSettings(data_root=Path(root), cache_bytes=budget_bytes, cache_dir=Path(cache_dir))
+    settings = ImagingSettings(data_root=Path(root), cache_bytes=budget_bytes, cache_dir=Path(cache_dir))
     store = PatientStore(settings=settings)
     release_freed_memory_promptly()
     baseline = _status_mb("VmRSS")
@@ -85,7 +85,7 @@ def _patient_first_touch(root: Path, cache_dir: Path) -> dict:
     shutil.rmtree(cache_dir, ignore_errors=True)
     figures: dict[str, list[float]] = {"sequential": [], "preload": [], "mapped": []}
     for name, decoded_bytes in (("sequential", 0), ("preload", 64 * 2**30), ("mapped", 64 * 2**30)):
-        settings = DataSettings(
+        settings = ImagingSettings(
             data_root=root, cache_bytes=64 * 2**30, cache_dir=cache_dir, decoded_bytes=decoded_bytes
         )
         store = PatientStore(settings=settings)
@@ -107,7 +107,9 @@ def bench_profile(out: Path, profile: str, patients: int, cache_mb: int) -> dict
     generation_total = time.perf_counter() - start
     per_visit = [t for s in summaries for t in s.seconds_per_visit]
 
-    settings = DataSettings(data_root=root, cache_bytes=8 * 2**30, cache_dir=out / "cache", decoded_bytes=0)
+    settings = ImagingSettings(
+        data_root=root, cache_bytes=8 * 2**30, cache_dir=out / "cache", decoded_bytes=0
+    )
     store = PatientStore(settings=settings)
     first_touch = []
     for pid in store.patient_ids():

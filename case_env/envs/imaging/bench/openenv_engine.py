@@ -23,9 +23,9 @@ from openenv.core.env_server.types import Action, Observation, State
 from pydantic import Field
 
 from case_env.core import registry
-from case_env.core.errors import DataError
 from case_env.core.tools import ToolError
-from case_env.settings import DataSettings
+from case_env.envs.imaging.data.errors import DataError
+from case_env.envs.imaging.settings import ImagingSettings
 
 
 class ToolAction(Action):
@@ -45,7 +45,7 @@ class ToolObservation(Observation):
 @cache
 def _engine():
     env = registry.get("imaging")
-    return env, env.open_store(DataSettings())
+    return env, env.open_cases(ImagingSettings())
 
 
 class CaseToolEnvironment(Environment):
@@ -63,7 +63,7 @@ class CaseToolEnvironment(Environment):
             args = spec.parse(action.arguments)
             result = spec.run(env.tool_context(store, action.patient_id, None), args)
         except ToolError as exc:
-            return _failure(exc.code.value, exc.message)
+            return _failure(str(exc.code), exc.message)
         except (DataError, LookupError) as exc:
             return _failure("not_available", str(exc))
         images = [

@@ -38,8 +38,8 @@ from case_env.bench.measure import Sampler, merged_turns, page_in
 from case_env.bench.process import ServerProcess, free_port
 from case_env.envs.imaging.bench.load import episode_calls
 from case_env.envs.imaging.data.index import scan
+from case_env.envs.imaging.settings import ImagingSettings
 from case_env.server.http import PROTOCOL as HTTP_PROTOCOL
-from case_env.settings import DataSettings
 
 ENGINES = {
     "case-env": "case_env.server.app:create_app",
@@ -99,7 +99,9 @@ def _serving(setup: Setup, data_root: Path, scratch: Path, workers: int, cache_m
     """The engine's server, started (in its own process group, as `case-env serve` runs case-env's app)."""
     env = {
         "CASE_ENV_DATA_ROOT": str(data_root),
-        "CASE_ENV_CACHE_DIR": str(DataSettings(data_root=data_root).cache_dir),  # decoded once, for every run
+        "CASE_ENV_CACHE_DIR": str(
+            ImagingSettings(data_root=data_root).cache_dir
+        ),  # decoded once, for every run
         "CASE_ENV_EPISODE_DB": str(scratch / f"episodes-{setup.tag}.sqlite"),
         # as `case-env serve --workers N` sets it: each worker sizes its render pool to cores / workers
         "CASE_ENV_WORKERS": str(workers),
@@ -216,7 +218,7 @@ def _run_name(setup: Setup) -> str:
 
 
 def _data_directories(data_root: Path) -> list[Path]:
-    cache_dir = DataSettings(data_root=data_root).cache_dir
+    cache_dir = ImagingSettings(data_root=data_root).cache_dir
     return [data_root, cache_dir / "decoded", cache_dir / "derived"]
 
 
@@ -374,7 +376,7 @@ def _decode_once(data_root: Path, patients: list[str]) -> None:
     would otherwise decide the figures)."""
     from case_env.core import registry
 
-    store = registry.get("imaging").open_store(DataSettings(data_root=data_root))
+    store = registry.get("imaging").open_cases(ImagingSettings(data_root=data_root))
     for patient in patients:
         store.patients.preload(patient)
         store.imaging.warm(patient)

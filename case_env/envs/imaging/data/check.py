@@ -11,12 +11,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TypeVar
 
-from case_env.core.errors import CaseEnvError, DataError, Problem
+from case_env.core.errors import CaseEnvError
+from case_env.envs.imaging.data.errors import DataError, Problem
 from case_env.envs.imaging.data.index import VisitFiles
 from case_env.envs.imaging.data.nifti import OBLIQUE_TOLERANCE_DEG, Geometry, Volume
 from case_env.envs.imaging.data.store import PatientStore
 from case_env.envs.imaging.data.volumetry import label_counts
-from case_env.settings import DataSettings
+from case_env.envs.imaging.settings import ImagingSettings
 
 T = TypeVar("T")
 
@@ -71,7 +72,7 @@ class CheckReport:
 
 def check_root(
     root: Path,
-    settings: DataSettings | None = None,
+    settings: ImagingSettings | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> CheckReport:
     store = PatientStore(root, settings)

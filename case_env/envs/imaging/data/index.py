@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
 
-from case_env.core.errors import Problem
 from case_env.envs.imaging.data import layout
+from case_env.envs.imaging.data.errors import Problem
 from case_env.envs.imaging.labels import LabelTable
 from case_env.envs.imaging.scan_protocol import CHANNELS
 from case_env.envs.imaging.tsv import TsvError, read_tsv

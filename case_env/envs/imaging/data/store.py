@@ -28,15 +28,21 @@ import numpy as np
 
 from case_env import __version__
 from case_env.core.cache import ByteLRU
-from case_env.core.errors import DataError, MissingDataError, UnknownPatientError, UnknownVisitError
 from case_env.core.resident import NotResidentError, on_loop, require_resident
 from case_env.envs.imaging import scan_protocol as protocol
 from case_env.envs.imaging.data.decoded import DecodedVolumes
+from case_env.envs.imaging.data.errors import (
+    DataError,
+    MissingDataError,
+    UnknownPatientError,
+    UnknownVisitError,
+)
 from case_env.envs.imaging.data.index import DataIndex, PatientFiles, VisitFiles, scan
+from case_env.envs.imaging.data.memory import release_freed_memory_promptly
 from case_env.envs.imaging.data.nifti import Geometry, NiftiReadError, Volume, load_volume, read_geometry
 from case_env.envs.imaging.data.volumetry import OrganMeasure, measure, read_volumes, write_volumes
+from case_env.envs.imaging.settings import ImagingSettings
 from case_env.envs.imaging.tsv import TsvError
-from case_env.settings import DataSettings
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +74,10 @@ def estimate_noise_sigma(volume: Volume) -> float:
 
 
 class PatientStore:
-    def __init__(self, root: Path | str | None = None, settings: DataSettings | None = None):
-        self.settings = settings or DataSettings()
+    def __init__(self, root: Path | str | None = None, settings: ImagingSettings | None = None):
+        # volumes cycle through the cache for the life of the process: keep their buffers off the heap
+        release_freed_memory_promptly()
+        self.settings = settings or ImagingSettings()
         if root is not None:
             self.settings = self.settings.model_copy(update={"data_root": Path(root)})
         self.index: DataIndex = scan(self.settings.data_root)

@@ -7,7 +7,7 @@ the Up filter on every row, deflated at level 1. Pillow's own encoder spends mos
 per row; a fixed Up filter done in numpy encodes the same pixels 2 to 2.5 times faster and, on MRI slices,
 no larger (`case-env bench server` profiles in the issue 6 closing note). The deflate itself is Intel's
 ISA-L (`isal`), about 4 times faster than zlib's level 1 on these rows and a few percent smaller (0.35 vs
-1.38 ms and 23.3 vs 24.2 KB per slice of the bench data, `scripts/bench_render.py`); the stream is standard
+1.38 ms and 23.3 vs 24.2 KB per slice of the bench data, `case-env bench render`); the stream is standard
 zlib, so any PNG decoder reads the same pixels. Where no isal wheel exists, zlib does the same job.
 
 The bilinear resize is OpenCV's bit-exact one (`INTER_LINEAR_EXACT`: the same integers on every CPU, so

@@ -16,13 +16,14 @@ import contextlib
 import threading
 from collections import OrderedDict
 from collections.abc import Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from case_env.core.errors import DataError
 from case_env.core.resident import require_resident
+from case_env.core.tools import ToolImage
 from case_env.envs.imaging.data.derived import DerivedFacts
+from case_env.envs.imaging.data.errors import DataError
 from case_env.envs.imaging.data.nifti import Volume
 from case_env.envs.imaging.data.store import PatientStore
 from case_env.envs.imaging.labels import colour_name
@@ -48,6 +49,8 @@ class SlicePosition:
     mm: float  # world coordinate of the slice along the axis
     percent: float
     organ: str | None
+    # the visit's volume the position was found in, handed on so that the render does not fetch it again
+    volume: Volume | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,10 @@ class RenderedSlice:
     window: Window
     pixel_mm: float
     legend: list[tuple[str, str]]  # (organ, colour name) of outlined organs, largest first
+
+    def png(self) -> ToolImage:
+        """The image as the tool answers it: a PNG (`render.encode_png`)."""
+        return ToolImage(render.encode_png(self.image), self.image.width, self.image.height)
 
 
 class _Memo:
@@ -226,9 +233,8 @@ class Imaging:
         for v, volume in volumes.items():
             # min and max, not np.clip, which costs 10 us on a scalar
             index = min(max(_index_at(volume, axis, mm), 0), volume.shape[axis] - 1)
-            out[v] = SlicePosition(
-                plane, index, volume.shape[axis], round(_world_along(volume, axis, index), 1), percent, organ
-            )
+            at = round(_world_along(volume, axis, index), 1)
+            out[v] = SlicePosition(plane, index, volume.shape[axis], at, percent, organ, volume)
         return out
 
     def percent_at(
@@ -248,7 +254,9 @@ class Imaging:
         overlay: bool,
         longest: int | None = None,
     ) -> RenderedSlice:
-        volume = self.store.image(patient_id, visit, channel)
+        volume = (
+            position.volume if position.volume is not None else self.store.image(patient_id, visit, channel)
+        )
         window = self.window(patient_id, channel)
         raw = render.take_slice(volume.data, position.plane, position.index)
         mm = render.pixel_mm(volume.spacing, position.plane)
@@ -277,7 +285,9 @@ class Imaging:
     ) -> RenderedSlice:
         """Two visits side by side, same window, each half sized so the panel fits the image budget."""
         first = positions[visits[0]]
-        volume = self.store.image(patient_id, visits[0], channel)
+        volume = (
+            first.volume if first.volume is not None else self.store.image(patient_id, visits[0], channel)
+        )
         shape = render.take_slice(volume.data, first.plane, first.index).shape
         longest = render.pair_longest(shape, render.pixel_mm(volume.spacing, first.plane), self.max_side)
         left = self.render(patient_id, visits[0], channel, first, False, longest)

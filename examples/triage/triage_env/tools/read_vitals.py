@@ -2,21 +2,14 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
-
-from case_env.core.tools import ToolContext, ToolResult
-
-NAME = "read_vitals"
-DESCRIPTION = "Read this patient's vital signs at arrival: heart rate, breathing rate, oxygen saturation, blood pressure."
-PERSONAS = ("nurse",)
+from case_env.core.text_cases import CaseContext
+from case_env.core.tools import ToolResult, tool
 
 
-class Args(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-def run(ctx: ToolContext, args: Args) -> ToolResult:
-    c = ctx.store.cases[ctx.patient_id]
+@tool(personas=("nurse",))
+def read_vitals(ctx: CaseContext) -> ToolResult:
+    """Read this patient's vital signs at arrival: heart rate, breathing rate, oxygen saturation, blood pressure."""
+    c = ctx.case()
     return ToolResult(
         f"Heart rate {c.heart_rate}/min, respiratory rate {c.resp_rate}/min, SpO2 {c.spo2} %, "
         f"blood pressure {c.systolic} mmHg systolic."

@@ -22,7 +22,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 
 from case_env.core.policy import Observation
-from case_env.envs.imaging.agents.base import Agent, Decision
+from case_env.envs.imaging.baselines.base import Agent, Decision
 
 _NUMBER = re.compile(r"[-+]?\d[\d,]*\.?\d*")
 

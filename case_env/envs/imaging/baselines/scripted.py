@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 
 from case_env.core.policy import Observation
-from case_env.envs.imaging.agents.base import Agent, Decision
+from case_env.envs.imaging.baselines.base import Agent, Decision
 
 _VOLUME = re.compile(r"volume ([\d,]+\.\d) mL")
 _FAT = re.compile(r"signal fat fraction ([\d.]+) %")

@@ -1,7 +1,6 @@
-#!/usr/bin/env python3
 """Where an uncached `render_slice` spends its CPU, in one process and one thread, against its floor.
 
-    .venv/bin/python scripts/bench_render.py --data-root data/bench --calls 400 --repeats 7
+    case-env bench render --data-root data/bench --calls 400 --repeats 7
 
 Plays the render mix of `case-env bench server` (random visit, sequence, plane and position, a third with
 the organ overlay) straight through the tool, with no server around it, and reports the CPU per render of:
@@ -16,9 +15,7 @@ one run.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import random
 import time
 import zlib
@@ -30,9 +27,10 @@ import numpy as np
 from PIL import Image
 
 from case_env.core import registry
+from case_env.core.errors import CommandError
 from case_env.envs.imaging.bench.load import PLANS
+from case_env.envs.imaging.settings import ImagingSettings
 from case_env.envs.imaging.viewer import render
-from case_env.settings import DataSettings
 
 
 def _pillow_resize(u8: np.ndarray, size: tuple[int, int]) -> np.ndarray:
@@ -74,27 +72,21 @@ def _hop_ms(hops: int = 2000) -> float:
         return asyncio.run(hand_off(pool))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data-root", type=Path, default=Path("data/bench"))
-    parser.add_argument("--calls", type=int, default=400)
-    parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=None, help="Also write the figures here as JSON.")
-    options = parser.parse_args()
+def run_render_bench(data_root: Path, calls_wanted: int = 400, repeats: int = 7, seed: int = 0) -> dict:
+    """The figures (CPU ms per render of each variant, the floors, the hop, their ratios)."""
     env = registry.get("imaging")
-    store = env.open_store(DataSettings(data_root=options.data_root))
+    store = env.open_cases(ImagingSettings(data_root=data_root))
     patients = store.ids()
     if not patients:
-        parser.error(f"no patients under {options.data_root} (`case-env bench server` generates 48 there)")
+        raise CommandError(f"no patients under {data_root} (`case-env bench server` generates 48 there)", 2)
     for patient in patients:
         store.patients.preload(patient)  # decoding is the data benchmark's subject, not this one's
-    rng = random.Random(options.seed)
+    rng = random.Random(seed)
     calls = []
-    while len(calls) < options.calls:
+    while len(calls) < calls_wanted:
         patient = rng.choice(patients)
         calls += [(patient, arguments) for _, arguments in PLANS["render"](rng)]
-    calls = calls[: options.calls]
+    calls = calls[:calls_wanted]
     spec = env.tools["render_slice"]
     contexts = {p: env.tool_context(store, p, None) for p in patients}
     rows: list[bytes] = []
@@ -115,31 +107,21 @@ def main() -> None:
     figures = {
         "calls": len(calls),
         "deflate": shipped.__name__,
-        "render_ms": _least_ms(options.repeats, tool, len(calls)),
+        "render_ms": _least_ms(repeats, tool, len(calls)),
     }
     with _swapped(deflate=zlib):
-        figures["render_zlib_ms"] = _least_ms(options.repeats, tool, len(calls))
+        figures["render_zlib_ms"] = _least_ms(repeats, tool, len(calls))
     with _swapped(deflate=zlib, resize=_pillow_resize):
-        figures["render_zlib_pillow_ms"] = _least_ms(options.repeats, tool, len(calls))
+        figures["render_zlib_pillow_ms"] = _least_ms(repeats, tool, len(calls))
 
     def floor(compress) -> None:
         for data in rows:
             compress(data, render.PNG_LEVEL)
 
-    figures["floor_deflate_ms"] = _least_ms(
-        options.repeats, lambda: floor(render.deflate.compress), len(rows)
-    )
-    figures["floor_zlib_ms"] = _least_ms(options.repeats, lambda: floor(zlib.compress), len(rows))
+    figures["floor_deflate_ms"] = _least_ms(repeats, lambda: floor(render.deflate.compress), len(rows))
+    figures["floor_zlib_ms"] = _least_ms(repeats, lambda: floor(zlib.compress), len(rows))
     figures["thread_hop_ms"] = _hop_ms()
     figures["ratio_vs_floor"] = round(figures["render_ms"] / figures["floor_deflate_ms"], 2)
     figures["speedup_vs_zlib_pillow"] = round(figures["render_zlib_pillow_ms"] / figures["render_ms"], 2)
     figures = {k: round(v, 3) if isinstance(v, float) else v for k, v in figures.items()}
-    for key, value in figures.items():
-        print(f"{key:20s} {value}")
-    if options.out is not None:
-        options.out.parent.mkdir(parents=True, exist_ok=True)
-        options.out.write_text(json.dumps(figures, indent=2) + "\n", encoding="utf-8")
-
-
-if __name__ == "__main__":
-    main()
+    return figures

@@ -16,7 +16,7 @@ import numpy as np
 from PIL import Image
 
 from case_env.core.policy import Observation
-from case_env.envs.imaging.agents.base import Agent, Decision
+from case_env.envs.imaging.baselines.base import Agent, Decision
 from case_env.envs.imaging.labels import ORGAN_IDS, colour_of
 from case_env.envs.imaging.scan_protocol import STATION_BOUNDS_BELOW_TOP
 from case_env.envs.imaging.viewer.render import HEADER_PX

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 
 _M_MMAP_THRESHOLD = -3  # from malloc.h
 _THRESHOLD_BYTES = 1 << 20
 
 
+@functools.cache  # once per process: finding libc runs a subprocess, and the setting is process-wide
 def release_freed_memory_promptly() -> bool:
     """Pin glibc's mmap threshold; returns False where there is no glibc (nothing to do there)."""
     name = ctypes.util.find_library("c")

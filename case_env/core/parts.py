@@ -1,0 +1,273 @@
+"""The optional parts of an environment: what some environments have and the generic layers use when they do.
+
+The serving core (`case_env.core.environment.Environment`) is what every environment needs to be served and
+scored. Everything else is a part here, each a small abstract class an environment subclasses beside
+`Environment` when it has one (`class ClinicEnvironment(Environment, Banks, Synthesis, ...)`). A generic layer
+asks `isinstance(env, Banks)` ("does it have one") and says what is missing when it has not; an environment
+that declares a part but leaves one of its methods out fails when the registry loads it, not when a command
+first calls the method.
+
+| part | what it adds | used by |
+|---|---|---|
+| `Banks` | a bank builder with a typed options model, its rows' own checks | `bank build`, `bank validate` |
+| `TextCases` | cases read from text files (`--cases`, CASE_ENV_<NAME>_CASES, `<data root>/<name>/`) | `serve`, `bank build`, `data check` |
+| `DataChecks` | its part of `data check` | `data check` |
+| `Synthesis` | a synthetic generator with a typed options model | `synth` |
+| `Baselines` | scripted agents, one of them the baseline `rollouts` plays | `eval`, `rollouts` |
+| `Evaluation` | rollout variants, turn budget, summaries and report | `eval`, `report` |
+| `Faults` | model-fault codes of its own beside the shared ones (`ErrorCode`) | /openapi.json, tests |
+| `HeldContext` | a context the server rebuilds from its own record of the episode | the tool route |
+| `Recipes` | training recipes (verl overrides) | `train run`, `train preflight` |
+| `Commands` | its own commands | the command line |
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from case_env.core.bank import BankResult, Item
+from case_env.core.calls import ExecutedCall
+from case_env.core.policy import Policy
+from case_env.core.problems import Problems
+
+if TYPE_CHECKING:
+    import typer
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One way an evaluation rolls a row out. Most environments have one; case reasoning has independent
+    single-turn samples and a sequential episode per case, each scored with its own settings."""
+
+    name: str = ""
+    extra: Mapping[str, Any] = field(default_factory=dict)  # extra_info entries the reward sees instead
+    create: Mapping[str, Any] = field(default_factory=dict)  # create_kwargs the episode context sees instead
+    prompt: list[dict] | None = None  # another prompt than the row's
+    tools: bool = True  # offer the row's tools
+    max_turns: int | None = None  # another turn budget than the environment's
+    sample: int | None = None  # one of several independent samples of the row: which one
+
+
+@dataclass
+class DataCheck:
+    """What `case-env data check` found of one environment in a data root."""
+
+    summary: dict[str, Any]  # merged into the --json document (its keys are the environment's own)
+    lines: list[str] = field(default_factory=list)  # printed to stdout
+    errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ReportParts:
+    """An environment's part of report.html: a headline (HTML), notes, tables ((title, id, header, rows);
+    the one with id `accuracy` is the one the page's self-check counts) and PNG plots."""
+
+    headline: str
+    tables: list[tuple[str, str, list[str], list[list[str]]]] = field(default_factory=list)
+    plots: list[bytes] = field(default_factory=list)
+    plots_title: str = "Plots"
+    notes: str = ""
+
+
+def _split(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            value = tuple(float(x) for x in value.split(","))
+        except ValueError:
+            raise ValueError(f"must be three fractions such as 0.8,0.1,0.1, not {value!r}") from None
+    return value
+
+
+class BankOptions(BaseModel):
+    """`case-env bank build` options every environment takes; an environment subclasses it with its own."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    data_root: Path | None = Field(None, description="Data root to build the bank from.")
+    out: Path = Field(description="Output directory for train/val/test parquet and patient lists.")
+    seed: int = Field(0, description="Seed of question choice, distractors, letters and splits.")
+    split: tuple[float, float, float] = Field(
+        (0.8, 0.1, 0.1), description="train,val,test fractions of the patients."
+    )
+
+    @field_validator("split", mode="before")
+    @classmethod
+    def _fractions(cls, value: Any) -> Any:
+        value = _split(value)
+        if len(value) != 3 or any(f < 0 for f in value) or abs(sum(value) - 1) > 1e-6:
+            raise ValueError(f"must be three non-negative fractions summing to 1, not {value}")
+        return value
+
+
+class TextBankOptions(BankOptions):
+    """Banks of text environments: case files, else `<data root>/<environment>/`."""
+
+    cases: list[Path] = Field(default_factory=list, description="Case files or directories.")
+
+
+class SynthOptions(BaseModel):
+    """`case-env synth` options every environment takes."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    out: Path = Field(description="Output data root.")
+    patients: int = Field(10, ge=1, le=100_000, description="Number of patients (cases).")
+    seed: int = Field(0, description="Seed of all ground truth and noise.")
+
+
+@dataclass(frozen=True)
+class BankBuild:
+    """A built bank and what its manifest (bank.json) records besides the counts."""
+
+    result: BankResult
+    meta: dict[str, Any]
+    table: list[str] = field(default_factory=list)  # what the command prints
+    problems: Problems = field(default_factory=Problems)  # input rows that could not be read, with the reason
+
+
+PolicyFactory = Callable[[Item, Variant, int], Policy]
+
+
+class Banks(ABC):
+    """A bank builder: `case-env bank build` takes its options from `bank_options`."""
+
+    bank_options: ClassVar[type[BankOptions]] = BankOptions
+    required_extra: ClassVar[tuple[str, ...]] = ()  # extra_info keys its rows need beyond the common ones
+
+    @abstractmethod
+    def build_bank(self, options: BankOptions) -> BankBuild: ...
+
+    def check_row(self, row: dict, extra: dict) -> list[str]:
+        """Problems of one row beyond the common schema (for `bank validate`)."""
+        return []
+
+
+class DataChecks(ABC):
+    @abstractmethod
+    def check_data(self, root: Path) -> DataCheck | None:
+        """`case-env data check` of this environment's part of a root; None when the root has none."""
+
+
+class TextCases(DataChecks):
+    """Cases read from text files: `--cases NAME=PATH` and CASE_ENV_<NAME>_CASES for the server, `--cases` for
+    a bank, else `<data root>/<name>/`. `load_cases(paths)` returns an object with `cases` (each with a
+    `case_id`) and `problems` (rows that could not be read, with the reason)."""
+
+    @abstractmethod
+    def load_cases(self, paths: list[Path]) -> Any: ...
+
+    def describe_cases(self, cases: list) -> tuple[dict[str, Any], str]:
+        """Facts `data check` reports beside the count: (JSON summary, words after the count)."""
+        return {}, ""
+
+    def check_data(self, root: Path) -> DataCheck | None:
+        from case_env.core.text_cases import check_case_files
+
+        return check_case_files(self, root)  # type: ignore[arg-type]
+
+
+class Synthesis(ABC):
+    synth_options: ClassVar[type[SynthOptions]] = SynthOptions
+
+    @abstractmethod
+    def synthesize(self, options: SynthOptions, echo: Callable[[str], object]) -> None:
+        """Write synthetic cases, telling `echo` what was written."""
+
+
+class Baselines(ABC):
+    """Scripted baselines (`case-env eval --agent NAME`; `loop_agent` is the one `case-env rollouts` plays
+    through verl's agent loop). Not verl's `agent_name`, which names the agent loop a row runs in."""
+
+    baselines: ClassVar[tuple[str, ...]] = ()
+    loop_agent: ClassVar[str] = ""
+
+    @abstractmethod
+    def policy_factory(self, agent: str, bank: Path, seed: int) -> PolicyFactory:
+        """A scripted baseline: made per rollout from (item, variant, repeat)."""
+
+
+class Evaluation(ABC):
+    """How `case-env eval` rolls rows out and summarises them."""
+
+    max_turns: ClassVar[int] = 16
+    # A model's temperature for independent samples (`Variant.sample`) when the user sets none: above 0, so
+    # the samples of a row differ. Every other rollout is greedy unless the user says otherwise.
+    sample_temperature: ClassVar[float] = 0.6
+
+    def variants(self, item: Item) -> list[Variant]:
+        return [Variant()]
+
+    def record_fields(self, item: Item) -> dict[str, Any]:
+        """What this environment adds to a trajectory record."""
+        return {}
+
+    @abstractmethod
+    def summarise(self, records: list[dict]) -> dict[str, Any]: ...
+
+    def summary_lines(self, results: dict[str, Any]) -> list[str]:
+        return []
+
+    def report(self, runs: list[tuple[str, dict]], records: list[dict]) -> ReportParts:
+        return ReportParts("")
+
+
+class Faults:
+    """Codes of model faults an environment names for itself (a `ToolError` may carry any string; these are
+    the ones /openapi.json lists beside the shared `ErrorCode`s)."""
+
+    fault_codes: ClassVar[tuple[str, ...]] = ()
+
+
+class HeldContext(ABC):
+    """The server rebuilds part of a call's context from its own record of the episode instead of trusting
+    what the client sent: for a context that is a budget the episode spends (case reasoning's attempts)."""
+
+    @abstractmethod
+    def held_context(self, sent: BaseModel, calls: Sequence[ExecutedCall]) -> BaseModel:
+        """The context a call runs with, given what the client `sent` and the calls the server recorded for
+        the episode, oldest first."""
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A training recipe: the verl overrides that differ from the launcher's base recipe, and the defaults
+    of the launcher's own options (samples per prompt, epochs, inference engine)."""
+
+    overrides: Mapping[str, str]
+    group_size: int
+    epochs: int
+    rollout: str
+    summary: str  # one line for --help
+
+
+class Recipes:
+    """Training recipes of its own beside the base one (`case-env train run --recipe NAME`)."""
+
+    recipes: ClassVar[Mapping[str, Recipe]] = {}
+
+
+class Commands(ABC):
+    @abstractmethod
+    def cli(self, groups: dict[str, typer.Typer]) -> None:
+        """Add this environment's own commands to the command groups (`root`, `bench`, ...)."""
+
+
+PARTS: tuple[type, ...] = (
+    Banks,
+    TextCases,
+    DataChecks,
+    Synthesis,
+    Baselines,
+    Evaluation,
+    Faults,
+    HeldContext,
+    Recipes,
+    Commands,
+)

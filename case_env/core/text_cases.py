@@ -1,0 +1,88 @@
+"""Cases read from text files and held in memory, keyed by id: what environments with the `TextCases` part share."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from case_env.core.errors import CommandError
+from case_env.core.parts import DataCheck, TextBankOptions, TextCases
+from case_env.core.problems import Problems
+from case_env.core.tools import ToolContext
+
+
+def case_paths(setting: str | None, data_root: Path | None, folder: str) -> list[Path]:
+    """The case files a server loads: the setting's paths (separated by the path separator), else
+    `<data root>/<folder>/` when it exists, else none."""
+    paths = [Path(p) for p in setting.split(os.pathsep) if p] if setting else []
+    if not paths and data_root is not None and (data_root / folder).is_dir():
+        paths = [data_root / folder]
+    return paths
+
+
+class CaseTable:
+    """`Cases` of cases read once per worker (so their fingerprint never changes)."""
+
+    def __init__(self, cases: list[Any], problems: list[str] | None = None):
+        self.cases = {c.case_id: c for c in cases}
+        self.problems = Problems(problems or [])
+
+    def ids(self) -> list[str]:
+        return sorted(self.cases)
+
+    def __contains__(self, case_id: object) -> bool:
+        return case_id in self.cases
+
+    def fingerprint(self, case_id: str) -> tuple:
+        return ()
+
+    def warm(self, case_id: str) -> None:
+        return None
+
+    def memory_bytes(self) -> int:
+        return 0
+
+
+@dataclass
+class CaseContext(ToolContext):
+    """A tool's view of a case held in a `CaseTable`."""
+
+    def case(self) -> Any:
+        return self.cases.cases[self.case_id]
+
+
+def check_case_files(env: TextCases, root: Path) -> DataCheck | None:
+    """`data check` of an environment's case files under `<root>/<env>/`: the counts `describe_cases` gives,
+    and every row that could not be read as a warning (None when the root has no such folder)."""
+    name, title = env.name, env.title  # type: ignore[attr-defined]
+    if not (root / name).is_dir():
+        return None
+    loaded = env.load_cases([root / name])
+    facts, words = env.describe_cases(loaded.cases)
+    summary = {"cases": len(loaded.cases), **facts, "problems": loaded.problems}
+    line = f"{title} cases: {len(loaded.cases)}{words}"
+    return DataCheck({name: summary}, [line], warnings=[f"{name}: {p}" for p in loaded.problems])
+
+
+def load_text_cases(env: TextCases, options: TextBankOptions) -> tuple[list[Path], Any]:
+    """(paths, loaded) of a text environment's bank: its --cases, else `<data root>/<environment>/`."""
+    name = env.name  # type: ignore[attr-defined]
+    paths = options.cases or ([options.data_root / name] if options.data_root is not None else [])
+    if not paths:
+        raise CommandError(f"a {name} bank needs --cases, or --data-root holding {name}/", 2)
+    try:
+        loaded = env.load_cases(paths)
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise CommandError(str(exc), 2) from None
+    if not loaded.cases:
+        raise CommandError(f"no usable {name} cases in {', '.join(map(str, paths))}")
+    return paths, loaded
+
+
+def served_cases(env: TextCases, data_root: Path | None) -> CaseTable:
+    """What a server worker holds of a text environment: CASE_ENV_<NAME>_CASES, else `<data root>/<name>/`."""
+    name = env.name  # type: ignore[attr-defined]
+    loaded = env.load_cases(case_paths(os.environ.get(f"CASE_ENV_{name.upper()}_CASES"), data_root, name))
+    return CaseTable(loaded.cases, loaded.problems)
