@@ -7,6 +7,7 @@ import concurrent.futures
 import inspect
 import json
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -642,6 +643,29 @@ def _serve(dataset: Path, tmp: Path, *args: str, token: str | None = None) -> Se
     command = [sys.executable, "-m", "case_env.cli", "serve", "--data-root", str(dataset), *args]
     env = {"CASE_ENV_CACHE_DIR": str(tmp / "cache"), "CASE_ENV_TOKEN": token}
     return ServerProcess(tmp / "server.log", env, port=port, command=command)
+
+
+def test_serve_with_text_environments_only_needs_no_data_root(tmp_path):
+    """Case files of a text environment are all `serve` needs: no imaging root, no data root at all."""
+    from case_env.envs.clinic.synth import make_cases, write_csv
+
+    cases = tmp_path / "clinic.csv"
+    write_csv(make_cases(12, 0), cases)
+    missing = tmp_path / "no-root"
+    command = [sys.executable, "-m", "case_env.cli", "serve", "--data-root", str(missing)]
+    refused = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "give case files with --cases" in refused.stderr
+    command += ["--cases", f"clinic={cases}", "--port", str(free_port())]
+    env = {"CASE_ENV_CACHE_DIR": str(tmp_path / "cache"), "CASE_ENV_TOKEN": None}
+    port = int(command[-1])
+    with ServerProcess(tmp_path / "server.log", env, port=port, command=command) as server:
+        assert httpx.get(f"{server.url}/readyz", timeout=10).status_code == 200
+        case_id = registry.get("clinic").load_cases([cases]).cases[0].case_id
+        body = {"episode_id": "text-only", "patient_id": case_id, "arguments": {"question": "What hurts?"}}
+        reply = httpx.post(f"{server.url}/v1/tools/ask_patient", json=body, timeout=10).json()
+        assert reply["ok"] and reply["text"]
+        listed = httpx.get(f"{server.url}/v1/tools", timeout=10).json()
+        assert {"imaging", "clinic"} <= {e["name"] for e in listed["environments"]}  # imaging holds no case
 
 
 def test_serve_refuses_an_exposed_address_without_a_token(dataset, tmp_path):

@@ -17,12 +17,14 @@ first calls the method.
 | `Evaluation` | rollout variants, turn budget, summaries and report | `eval`, `report` |
 | `Faults` | model-fault codes of its own beside the shared ones (`ErrorCode`) | /openapi.json, tests |
 | `HeldContext` | a context the server rebuilds from its own record of the episode | the tool route |
+| `Benchmarks` | call mixes the shared load generator plays | `case-env bench ...` |
 | `Recipes` | training recipes (verl overrides) | `train run`, `train preflight` |
 | `Commands` | its own commands | the command line |
 """
 
 from __future__ import annotations
 
+import random
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -235,6 +237,17 @@ class HeldContext(ABC):
         the episode, oldest first."""
 
 
+# One episode's calls, (tool, arguments), drawn with the generator it is given.
+Plan = Callable[[random.Random], list[tuple[str, dict[str, Any]]]]
+
+
+class Benchmarks:
+    """Call mixes (name -> `Plan`) the shared load generator (`case_env.bench.load`) plays against this
+    environment's tools."""
+
+    bench_mixes: ClassVar[Mapping[str, Plan]] = {}
+
+
 @dataclass(frozen=True)
 class Recipe:
     """A training recipe: the verl overrides that differ from the launcher's base recipe, and the defaults
@@ -268,6 +281,7 @@ PARTS: tuple[type, ...] = (
     Evaluation,
     Faults,
     HeldContext,
+    Benchmarks,
     Recipes,
     Commands,
 )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,15 @@ def case_paths(setting: str | None, data_root: Path | None, folder: str) -> list
     if not paths and data_root is not None and (data_root / folder).is_dir():
         paths = [data_root / folder]
     return paths
+
+
+@dataclass
+class Loaded:
+    """What `TextCases.load_cases` returns: the cases read (each with a `case_id`), and every row that could not
+    be read, with the reason."""
+
+    cases: list[Any]
+    problems: list[str] = field(default_factory=list)
 
 
 class CaseTable:

@@ -14,9 +14,9 @@ from collections import Counter
 import aiohttp
 from verl.tools.schemas import OpenAIFunctionToolSchema
 
+from case_env.bench.load import percentile
 from case_env.bench.process import ServerProcess
 from case_env.core import registry
-from case_env.envs.imaging.bench.load import percentile
 from case_env.envs.imaging.data.index import scan
 from case_env.verl import CaseTool
 from tests.reliability.conftest import size

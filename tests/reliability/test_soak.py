@@ -19,8 +19,8 @@ import time
 import httpx
 import psutil
 
+from case_env.bench.load import run_load
 from case_env.bench.process import ServerProcess
-from case_env.envs.imaging.bench.load import run_load
 from case_env.envs.imaging.data.index import scan
 from case_env.envs.imaging.data.store import PatientStore
 from case_env.envs.imaging.synth.writer import generate_dataset

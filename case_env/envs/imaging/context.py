@@ -21,8 +21,9 @@ class ImagingContext(ToolContext):
     the rest of the call (a render used to look its visit up some eight times), and every refusal about them
     is phrased here."""
 
-    _visits: dict[str, VisitFiles] = field(default_factory=dict, init=False, repr=False)
-    _organs: dict[tuple[str, str], OrganMeasure] = field(default_factory=dict, init=False, repr=False)
+    # made on first use: most calls (list_visits, answered from memory on the event loop) need neither
+    _visits: dict[str, VisitFiles] | None = field(default=None, init=False, repr=False)
+    _organs: dict[tuple[str, str], OrganMeasure] | None = field(default=None, init=False, repr=False)
 
     @property
     def patients(self) -> PatientStore:
@@ -33,6 +34,8 @@ class ImagingContext(ToolContext):
         return self.cases.imaging
 
     def visit(self, visit: str) -> VisitFiles:
+        if self._visits is None:
+            self._visits = {}
         found = self._visits.get(visit)
         if found is None:
             try:
@@ -46,6 +49,8 @@ class ImagingContext(ToolContext):
 
     def organ(self, organ: str, visit: str) -> OrganMeasure:
         """The named organ's measures at a visit; accepts spellings such as 'Left kidney' or 'kidney_left'."""
+        if self._organs is None:
+            self._organs = {}
         found = self._organs.get((organ, visit))
         if found is not None:
             return found

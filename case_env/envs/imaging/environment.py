@@ -21,6 +21,7 @@ from case_env.core.parts import (
     BankOptions,
     Banks,
     Baselines,
+    Benchmarks,
     Commands,
     DataCheck,
     DataChecks,
@@ -35,6 +36,7 @@ from case_env.core.parts import (
 from case_env.core.personas import Personas
 from case_env.core.tools import Tools
 from case_env.envs.imaging import evaluation
+from case_env.envs.imaging.bench.mixes import MIXES
 from case_env.envs.imaging.terms import ImagingFault
 
 if TYPE_CHECKING:
@@ -75,7 +77,9 @@ class ImagingBankOptions(BankOptions):
     )
 
 
-class ImagingEnvironment(Environment, Banks, DataChecks, Synthesis, Baselines, Evaluation, Faults, Commands):
+class ImagingEnvironment(
+    Environment, Banks, DataChecks, Synthesis, Baselines, Evaluation, Faults, Benchmarks, Commands
+):
     name = "imaging"
     title = "imaging"
     summary = (
@@ -84,6 +88,7 @@ class ImagingEnvironment(Environment, Banks, DataChecks, Synthesis, Baselines, E
     tools = Tools("case_env.tools.imaging")
     personas = Personas("case_env.personas.imaging")
     fault_codes = tuple(ImagingFault)
+    bench_mixes = MIXES
     synth_options = ImagingSynthOptions
     bank_options = ImagingBankOptions
     required_extra = ("options", *CASE_EXTRA)

@@ -26,7 +26,7 @@ from case_env.core.parts import (
 )
 from case_env.core.personas import Personas
 from case_env.core.policy import Turn
-from case_env.core.text_cases import CaseContext, CaseTable, load_text_cases, served_cases
+from case_env.core.text_cases import CaseTable, Loaded, load_text_cases, served_cases
 from case_env.core.tools import Tools, schema_version
 
 FLAGS = {"heart_rate": (40, 130), "resp_rate": (8, 24), "spo2": (92, 101), "systolic": (90, 250)}
@@ -45,22 +45,6 @@ class Patient:
         return (
             "urgent" if any(not lo <= getattr(self, k) < hi for k, (lo, hi) in FLAGS.items()) else "routine"
         )
-
-
-@dataclass
-class Loaded:
-    cases: list[Patient]
-    problems: list[str]
-
-
-def load(paths: list[Path]) -> Loaded:
-    rows = [
-        json.loads(line)
-        for p in paths
-        for f in sorted(p.glob("*.jsonl"))
-        for line in f.read_text().splitlines()
-    ]
-    return Loaded([Patient(**row) for row in rows], [])
 
 
 def synthetic(index: int, seed: int) -> Patient:
@@ -101,11 +85,9 @@ class TriageEnvironment(Environment, TextCases, Banks, Synthesis, Baselines):
     def open_cases(self, data) -> CaseTable:
         return served_cases(self, data.data_root)
 
-    def tool_context(self, cases, case_id, episode) -> CaseContext:
-        return CaseContext(cases, case_id, episode)
-
     def load_cases(self, paths: list[Path]) -> Loaded:
-        return load(paths)
+        files = [f for p in paths for f in sorted(p.glob("*.jsonl"))]
+        return Loaded([Patient(**json.loads(line)) for f in files for line in f.read_text().splitlines()])
 
     def synthesize(self, options: SynthOptions, echo: Callable[[str], object]) -> None:
         path = options.out / self.name / "cases.jsonl"

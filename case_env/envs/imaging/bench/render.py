@@ -28,7 +28,7 @@ from PIL import Image
 
 from case_env.core import registry
 from case_env.core.errors import CommandError
-from case_env.envs.imaging.bench.load import PLANS
+from case_env.envs.imaging.bench.mixes import MIXES
 from case_env.envs.imaging.settings import ImagingSettings
 from case_env.envs.imaging.viewer import render
 
@@ -85,7 +85,7 @@ def run_render_bench(data_root: Path, calls_wanted: int = 400, repeats: int = 7,
     calls = []
     while len(calls) < calls_wanted:
         patient = rng.choice(patients)
-        calls += [(patient, arguments) for _, arguments in PLANS["render"](rng)]
+        calls += [(patient, arguments) for _, arguments in MIXES["render"](rng)]
     calls = calls[:calls_wanted]
     spec = env.tools["render_slice"]
     contexts = {p: env.tool_context(store, p, None) for p in patients}

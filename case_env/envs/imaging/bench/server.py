@@ -7,7 +7,7 @@ Baselines (`--baseline naive,openenv,floor`, any subset):
 - `floor`: a bare Starlette route replaying the answers case-env gave earlier in the run (`floor.py`).
 
 Each engine is served by uvicorn in its own process group (same worker count, loopback) and driven by the
-load generator (`case_env.envs.imaging.bench.load`) as a separate process, twice: the episode mix (a whole
+load generator (`case_env.bench.load`, playing the mixes of `bench/mixes.py`) as a separate process, twice: the episode mix (a whole
 imaging episode, renders included) and the cheap mix (`list_visits` only, the framework's own cost).
 case-env runs both mixes with its response cache on and off, and the render mix. While a load runs, this
 process samples the server's process tree for CPU time and memory, so each run reports server CPU per call
@@ -36,7 +36,7 @@ import psutil
 
 from case_env.bench.measure import Sampler, merged_turns, page_in
 from case_env.bench.process import ServerProcess, free_port
-from case_env.envs.imaging.bench.load import episode_calls
+from case_env.envs.imaging.bench.mixes import episode_calls
 from case_env.envs.imaging.data.index import scan
 from case_env.envs.imaging.settings import ImagingSettings
 from case_env.server.http import PROTOCOL as HTTP_PROTOCOL
@@ -266,7 +266,7 @@ def _load(
     episodes: int | None = None,
 ) -> dict:
     command = [
-        *(sys.executable, "-m", "case_env.envs.imaging.bench.load", url, str(patients_file), str(out)),
+        *(sys.executable, "-m", "case_env.bench.load", url, str(patients_file), str(out), "--env", "imaging"),
         *("--rollouts", str(load.rollouts), "--duration", str(load.duration), "--warmup", str(load.warmup)),
         *("--think-ms", str(load.think_ms), "--group-size", str(load.group_size)),
         *("--mix", mix, "--protocol", protocol),

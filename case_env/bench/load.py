@@ -1,7 +1,8 @@
-"""The load generator of `case-env bench server`, run as its own process so its CPU is not the server's.
+"""The load generator of the server benchmarks, run as its own process so its CPU is not the server's.
 
-Each virtual rollout plays one realistic episode after another (visits, context, volumes, several renders,
-a comparison, a report) over a random patient with a fresh episode id, as a verl rollout does. With
+Each virtual rollout plays one episode after another over a random case with a fresh episode id, as a verl
+rollout does. What an episode calls is a mix of the environment's (`Benchmarks.bench_mixes`: a function of a
+seeded random generator giving one episode's calls, with drawn arguments). With
 `--group-size G`, rollouts come in groups of G that share the patient and every drawn argument, as G samples
 of one GRPO prompt would if they agreed on every call (real groups diverge, so the truth lies between group
 size 1 and G). All rollouts run concurrently on one event loop, each over its own keep-alive connection
@@ -9,12 +10,11 @@ size 1 and G). All rollouts run concurrently on one event loop, each over its ow
 it shares with the server; it reports the CPU it used per call beside the figures. Latencies are wall time
 per call as the client sees it, queueing included.
 
-`--mix cheap` plays `list_visits` only, the cheapest call, to measure the framework's cost per call rather
-than the tools'; `--mix render` plays `render_slice` only, to measure a render's. `--protocol openenv` speaks OpenEnv's (`POST /step` with the call as the action), so the
-same load drives the OpenEnv baseline. `--record DIR` keeps the first successful answer of each tool, the
+`--protocol openenv` speaks OpenEnv's (`POST /step` with the call as the action), so the same load drives
+the OpenEnv baseline. `--record DIR` keeps the first successful answer of each tool, the
 bytes the floor baseline replays.
 
-    python -m case_env.envs.imaging.bench.load URL PATIENTS_FILE OUT_JSON --rollouts N --duration S --warmup S
+    python -m case_env.bench.load URL CASES_FILE OUT_JSON --env ENV --mix MIX --rollouts N --duration S
 """
 
 from __future__ import annotations
@@ -29,85 +29,21 @@ from collections import defaultdict
 from pathlib import Path
 
 from case_env.bench.client import Client, ProtocolError
+from case_env.core import registry
+from case_env.core.parts import Benchmarks, Plan
 
-ORGANS = ("liver", "spleen", "pancreas", "left_kidney", "right_kidney", "gallbladder")
-SEQUENCES = ("water", "fat", "in", "opp")
-PLANES = ("axial", "coronal", "sagittal")
-
-
-def episode_calls(rng: random.Random) -> list[tuple[str, dict]]:
-    """One episode's calls: the shape of a Radiologist or Anatomist trajectory, with drawn arguments."""
-    organ = rng.choice(ORGANS[:3])
-    position = rng.randint(20, 80)
-    return [
-        ("list_visits", {}),
-        ("get_clinical_context", {"section": rng.choice(("demographics", "study", "history"))}),
-        ("get_organ_volume", {"organ": rng.choice(ORGANS), "visit": rng.choice(("baseline", "follow_up"))}),
-        ("compare_organ_volume", {"organ": rng.choice(ORGANS)}),
-        (
-            "render_slice",
-            {
-                "visit": "baseline",
-                "sequence": rng.choice(SEQUENCES),
-                "plane": "axial",
-                "organ": organ,
-                "position": position,
-            },
-        ),
-        (
-            "render_slice",
-            {
-                "visit": "follow_up",
-                "sequence": rng.choice(SEQUENCES),
-                "plane": rng.choice(PLANES),
-                "overlay": True,
-                "position": rng.randint(20, 80),
-            },
-        ),
-        (
-            "render_comparison",
-            {
-                "sequence": rng.choice(("fat", "water")),
-                "plane": "axial",
-                "organ": organ,
-                "position": position,
-            },
-        ),
-        (
-            "render_slice",
-            {"visit": "follow_up", "sequence": "opp", "plane": "sagittal", "position": rng.randint(20, 80)},
-        ),
-        ("read_report", {"visit": rng.choice(("baseline", "follow_up"))}),
-    ]
-
-
-MIXES = ("episode", "cheap", "render")
 PROTOCOLS = ("case-env", "openenv")
 
 
-def cheap_calls(rng: random.Random) -> list[tuple[str, dict]]:
-    """The cheap mix: an episode of list_visits calls only (answered from memory, no pixels)."""
-    return [("list_visits", {})] * 9
-
-
-def render_calls(rng: random.Random) -> list[tuple[str, dict]]:
-    """The render mix: render_slice calls only, a third of them with the organ overlay."""
-    return [
-        (
-            "render_slice",
-            {
-                "visit": rng.choice(("baseline", "follow_up")),
-                "sequence": rng.choice(SEQUENCES),
-                "plane": rng.choice(PLANES),
-                "position": rng.randint(5, 95),
-                **({"overlay": True} if rng.random() < 1 / 3 else {}),
-            },
+def plan_of(env: str | None, mix: str) -> Plan:
+    """The episode plan of an environment's mix (its `Benchmarks` part), refused by name when it has none."""
+    found = registry.get(env) if env else registry.default()
+    mixes = found.bench_mixes if isinstance(found, Benchmarks) else {}
+    if mix not in mixes:
+        raise ValueError(
+            f"the {found.name} environment has no benchmark mix {mix!r}; its mixes: {', '.join(mixes) or 'none'}"
         )
-        for _ in range(9)
-    ]
-
-
-PLANS = {"episode": episode_calls, "cheap": cheap_calls, "render": render_calls}
+    return mixes[mix]
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -132,7 +68,7 @@ async def _rollout(
     think_s: float,
     episodes: int | None = None,
     member: int = 0,
-    plan=episode_calls,
+    plan: Plan | None = None,
     protocol: str = "case-env",
     record: Path | None = None,
 ) -> None:
@@ -141,7 +77,7 @@ async def _rollout(
         done += 1
         patient = rng.choice(patients)
         episode = f"bench-{rng.getrandbits(64):016x}-{member}"  # members of a group share the draws
-        for tool, arguments in plan(rng):
+        for tool, arguments in plan(rng):  # type: ignore[misc]
             if think_s > 0:
                 await asyncio.sleep(rng.expovariate(1 / think_s))  # the policy generating its next turn
             if time.perf_counter() >= stop:
@@ -190,8 +126,10 @@ async def run_load(
     mix: str = "episode",
     protocol: str = "case-env",
     record: Path | None = None,
+    env: str | None = None,
 ) -> dict:
-    plan = PLANS[mix]
+    """Play `mix` of `env` (default: the default environment) from `rollouts` concurrent rollouts."""
+    plan = plan_of(env, mix)
     if record is not None:
         record.mkdir(parents=True, exist_ok=True)
     clients = [Client(url, timeout_s=60.0) for _ in range(rollouts)]  # kept from the warm-up on
@@ -261,7 +199,7 @@ def summarise(tally: Tally, rollouts: int, elapsed: float) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("url")
-    parser.add_argument("patients", type=Path, help="File with one patient id per line.")
+    parser.add_argument("patients", type=Path, help="File with one case id per line.")
     parser.add_argument("out", type=Path)
     parser.add_argument("--rollouts", type=int, default=256)
     parser.add_argument("--duration", type=float, default=20.0)
@@ -272,7 +210,10 @@ def main() -> None:
         "--episodes", type=int, default=None, help="Stop each rollout after this many episodes."
     )
     parser.add_argument("--group-size", type=int, default=1, help="Rollouts that share patient and calls.")
-    parser.add_argument("--mix", choices=MIXES, default="episode", help="Which calls an episode makes.")
+    parser.add_argument(
+        "--env", default=None, help="The environment whose mix is played (default: the default)."
+    )
+    parser.add_argument("--mix", default="episode", help="Which of the environment's mixes an episode plays.")
     parser.add_argument("--protocol", choices=PROTOCOLS, default="case-env", help="The server's wire format.")
     parser.add_argument("--record", type=Path, default=None, help="Keep each tool's first answer here.")
     a = parser.parse_args()
@@ -291,6 +232,7 @@ def main() -> None:
             a.mix,
             a.protocol,
             a.record,
+            a.env,
         )
     )
     a.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
