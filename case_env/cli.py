@@ -26,11 +26,12 @@ from case_env.core.parts import (
     Baselines,
     Commands,
     DataChecks,
-    Evaluation,
     Synthesis,
     TextCases,
+    evaluation_of,
 )
 from case_env.core.problems import Problems
+from case_env.core.text_cases import cases_variable
 
 app = typer.Typer(
     help="case-env: RL environment server for clinical agents that gather evidence with tools.",
@@ -131,17 +132,17 @@ def _case_files(cases: list[str]) -> dict[str, str]:
             _fail(str(exc), 2)
         if not isinstance(env, TextCases):
             _fail(f"the {name} environment reads its cases from the data root, not from --cases", 2)
-        out.setdefault(f"CASE_ENV_{name.upper()}_CASES", []).append(str(Path(path).resolve()))
+        out.setdefault(cases_variable(name), []).append(str(Path(path).resolve()))
     return {key: os.pathsep.join(paths) for key, paths in out.items()}
 
 
-def _case_files_set() -> list[str]:
-    """The CASE_ENV_<ENV>_CASES variables set, of environments that read case files."""
-    return [
-        f"CASE_ENV_{env.name.upper()}_CASES"
+def _case_files_given() -> bool:
+    """Whether any environment that reads case files has them named (--cases, CASE_ENV_<ENV>_CASES)."""
+    return any(
+        os.environ.get(cases_variable(env.name))
         for env in registry.environments().values()
-        if isinstance(env, TextCases) and os.environ.get(f"CASE_ENV_{env.name.upper()}_CASES")
-    ]
+        if isinstance(env, TextCases)
+    )
 
 
 @app.command()
@@ -208,7 +209,7 @@ def serve(
     if settings.replay_dir is not None:
         if not settings.replay_dir.exists():
             _fail(f"replay source {settings.replay_dir} does not exist", 2)
-    elif not data.data_root.is_dir() and not any(k.endswith("_CASES") for k in _case_files_set()):
+    elif not data.data_root.is_dir() and not _case_files_given():
         # with case files given (--cases, CASE_ENV_<ENV>_CASES) the text environments serve without a root
         _fail(
             f"data root {data.data_root} is not a directory (run `case-env synth`, set --data-root, or "
@@ -459,8 +460,7 @@ def eval_(
         _fail(str(exc), 2)
     except httpx.HTTPError as exc:
         _fail(f"server {server_url} failed: {exc}", 1)
-    evaluated = registry.get(results["env"])
-    for line in evaluated.summary_lines(results) if isinstance(evaluated, Evaluation) else []:
+    for line in evaluation_of(registry.get(results["env"])).summary_lines(results):
         typer.echo(line)
     typer.echo(f"wrote {out / 'results.json'}, {out / 'report.html'} and {out / 'trajectories.jsonl'}")
 

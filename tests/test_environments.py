@@ -178,6 +178,9 @@ def test_a_tool_is_a_typed_function_whose_signature_and_docstring_are_its_schema
         "required": [],
     }
     assert pulse.run("ctx", pulse.parse({"times": 2})).text == "ctx x2"
+    # personas named with an environment's StrEnum are kept as the plain names, as module tools had them
+    render = registry.get("imaging").tools["render_slice"]
+    assert render.personas == ("anatomist", "radiologist") and {type(p) for p in render.personas} == {str}
     with pytest.raises(ToolError, match="times is out of range"):
         pulse.parse({"times": 9})
 

@@ -66,9 +66,9 @@ async def _rollout(
     rng: random.Random,
     tally: Tally,
     think_s: float,
+    plan: Plan,
     episodes: int | None = None,
     member: int = 0,
-    plan: Plan | None = None,
     protocol: str = "case-env",
     record: Path | None = None,
 ) -> None:
@@ -77,7 +77,7 @@ async def _rollout(
         done += 1
         patient = rng.choice(patients)
         episode = f"bench-{rng.getrandbits(64):016x}-{member}"  # members of a group share the draws
-        for tool, arguments in plan(rng):  # type: ignore[misc]
+        for tool, arguments in plan(rng):
             if think_s > 0:
                 await asyncio.sleep(rng.expovariate(1 / think_s))  # the policy generating its next turn
             if time.perf_counter() >= stop:
@@ -148,9 +148,9 @@ async def run_load(
                     random.Random(seeds[n // group_size]),
                     tally,
                     think_s,
+                    plan,
                     limit,
                     member=n % group_size,
-                    plan=plan,
                     protocol=protocol,
                     record=record,
                 )

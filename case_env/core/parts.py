@@ -220,6 +220,27 @@ class Evaluation(ABC):
         return ReportParts("")
 
 
+class PlainEvaluation(Evaluation):
+    """How an environment without an `Evaluation` part is evaluated: each row once, the mean reward."""
+
+    def summarise(self, records: list[dict]) -> dict[str, Any]:
+        n = len(records)
+        accuracy = round(sum(float(r.get("reward", 0.0)) for r in records) / n, 4) if n else 0.0
+        return {"overall": {"n": n, "accuracy": accuracy}}
+
+    def summary_lines(self, results: dict[str, Any]) -> list[str]:
+        overall = results["overall"]
+        return [f"overall {overall['n']} accuracy {overall['accuracy']:.3f}"]
+
+
+_PLAIN = PlainEvaluation()
+
+
+def evaluation_of(env: object) -> Evaluation:
+    """The environment's `Evaluation` part, else the plain one: `eval`, its report and its summary agree."""
+    return env if isinstance(env, Evaluation) else _PLAIN
+
+
 class Faults:
     """Codes of model faults an environment names for itself (a `ToolError` may carry any string; these are
     the ones /openapi.json lists beside the shared `ErrorCode`s)."""

@@ -8,6 +8,7 @@ from the tools (each tool lists its personas), so prompts and schemas cannot dis
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,8 +40,6 @@ class PersonaSet(dict[str, PersonaSpec]):
 def load_personas(package: str, env: str, tools: dict[str, ToolSpec]) -> PersonaSet:
     """Every persona module of the package; a tool naming a persona the package does not have is refused
     (it would otherwise be offered to nobody)."""
-    import importlib
-
     pkg = importlib.import_module(package)
     out = PersonaSet()
     for module in package_modules(package):

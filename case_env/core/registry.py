@@ -151,10 +151,14 @@ def row_extra() -> type[BaseModel]:
     )
 
 
+def own_faults(hosted: Iterable[Environment]) -> list[str]:
+    """The model-fault codes the `hosted` environments name for themselves (their `Faults` parts), in order."""
+    return [str(c) for env in hosted if isinstance(env, Faults) for c in env.fault_codes]
+
+
 def model_faults() -> frozenset[str]:
     """Every code a model fault may carry: the shared ones and each environment's own."""
-    own = (c for env in environments().values() if isinstance(env, Faults) for c in env.fault_codes)
-    return MODEL_FAULTS | frozenset(str(c) for c in own)
+    return MODEL_FAULTS | frozenset(own_faults(environments().values()))
 
 
 def for_row(data_source: str, extra_info: dict[str, Any] | None = None) -> Environment:

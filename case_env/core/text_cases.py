@@ -90,8 +90,13 @@ def load_text_cases(env: TextCases, options: TextBankOptions) -> tuple[list[Path
     return paths, loaded
 
 
+def cases_variable(name: str) -> str:
+    """The environment variable naming a text environment's case files (`case-env serve --cases NAME=PATH`)."""
+    return f"CASE_ENV_{name.upper()}_CASES"
+
+
 def served_cases(env: TextCases, data_root: Path | None) -> CaseTable:
     """What a server worker holds of a text environment: CASE_ENV_<NAME>_CASES, else `<data root>/<name>/`."""
     name = env.name  # type: ignore[attr-defined]
-    loaded = env.load_cases(case_paths(os.environ.get(f"CASE_ENV_{name.upper()}_CASES"), data_root, name))
+    loaded = env.load_cases(case_paths(os.environ.get(cases_variable(name)), data_root, name))
     return CaseTable(loaded.cases, loaded.problems)

@@ -221,7 +221,17 @@ def tool_spec(
         raise TypeError(f"tool {name}: a tool that renders cannot run inline")
     parameters = function_parameters(name, args)
     return ToolSpec(
-        name, description, tuple(personas), args, run, parameters, renders, remember, inline, resident
+        # persona names as plain strings (an environment may name them with its StrEnum)
+        name,
+        description,
+        tuple(str(p) for p in personas),
+        args,
+        run,
+        parameters,
+        renders,
+        remember,
+        inline,
+        resident,
     )
 
 

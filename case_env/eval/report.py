@@ -12,7 +12,7 @@ import io
 from pathlib import Path
 
 from case_env.core.environment import Environment
-from case_env.core.parts import Evaluation, ReportParts
+from case_env.core.parts import ReportParts, evaluation_of
 from case_env.eval import trajectory
 
 BROWSER_LIMIT = 100  # conversations shown; images are inlined, so the page grows with each one
@@ -100,7 +100,7 @@ def _browser(records: list[dict], base: Path) -> str:
 
 def write_report(out: Path, env: Environment, runs: list[tuple[str, dict]], records: list[dict]) -> Path:
     """The page of one or several runs (labels and results) of one environment, with `records` browsed."""
-    parts: ReportParts = env.report(runs, records) if isinstance(env, Evaluation) else ReportParts("")
+    parts: ReportParts = evaluation_of(env).report(runs, records)
     first = runs[0][1]
     agents = "; ".join(label for label, _ in runs)
     about = " · ".join(

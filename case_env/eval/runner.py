@@ -18,7 +18,6 @@ import json
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 from PIL import Image
 from tqdm import tqdm
@@ -28,7 +27,7 @@ from case_env.core.bank import Item, load_items
 from case_env.core.calls import FIELD, ExecutedCall
 from case_env.core.client import RetryPolicy, ToolClient
 from case_env.core.environment import Environment
-from case_env.core.parts import Baselines, Evaluation, PolicyFactory, Variant
+from case_env.core.parts import Baselines, PolicyFactory, Variant, evaluation_of
 from case_env.core.policy import Observation, Turn, transcript
 from case_env.eval import trajectory
 from case_env.eval.openai_agent import ModelSettings, OpenAIPolicy, chat_client
@@ -45,23 +44,6 @@ def bank_environment(items: list[Item]) -> Environment:
             f"the bank holds rows of {len(envs)} environments ({', '.join(sorted(envs))}); one is needed"
         )
     return registry.get(envs.pop())
-
-
-class PlainEvaluation(Evaluation):
-    """How an environment without an `Evaluation` part is evaluated: each row once, the mean reward."""
-
-    def summarise(self, records: list[dict]) -> dict[str, Any]:
-        n = len(records)
-        accuracy = round(sum(float(r.get("reward", 0.0)) for r in records) / n, 4) if n else 0.0
-        return {"overall": {"n": n, "accuracy": accuracy}}
-
-    def summary_lines(self, results: dict[str, Any]) -> list[str]:
-        overall = results["overall"]
-        return [f"overall {overall['n']} accuracy {overall['accuracy']:.3f}"]
-
-
-def evaluation_of(env: Environment) -> Evaluation:
-    return env if isinstance(env, Evaluation) else PlainEvaluation()
 
 
 def agents_of(env: Environment) -> tuple[str, ...]:

@@ -20,7 +20,6 @@ from pydantic import BaseModel
 
 from case_env.core import registry
 from case_env.core.environment import Environment
-from case_env.core.parts import Faults
 from case_env.core.tools import ErrorCode
 
 GENERIC = "/v1/tools/{name}"
@@ -95,6 +94,6 @@ def _score_rows(schema: dict) -> None:
 
 
 def _error_codes(schema: dict, hosted: dict[str, Environment]) -> None:
-    codes = [*ErrorCode, *(c for env in hosted.values() if isinstance(env, Faults) for c in env.fault_codes)]
+    codes = [*map(str, ErrorCode), *registry.own_faults(hosted.values())]
     info = schema["components"]["schemas"]["ErrorInfo"]["properties"]["code"]
-    info["enum"] = [str(c) for c in dict.fromkeys(codes)]
+    info["enum"] = list(dict.fromkeys(codes))

@@ -150,7 +150,7 @@ def parse(argv: list[str], prog: str = "scripts/train_grpo.sh") -> tuple[argpars
         help="Print the preflight table and the whole composed config, validated by verl; start nothing.",
     )
     args, extra = parser.parse_known_args(argv)
-    recipe = recipes()[args.recipe]
+    recipe = known[args.recipe]
     group, epochs, engine = recipe.group_size, recipe.epochs, recipe.rollout
     args.group_size = args.group_size or group
     args.epochs = args.epochs or epochs

@@ -50,7 +50,7 @@ class SlicePosition:
     percent: float
     organ: str | None
     # the visit's volume the position was found in, handed on so that the render does not fetch it again
-    volume: Volume | None = field(default=None, compare=False, repr=False)
+    volume: Volume = field(compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -254,9 +254,7 @@ class Imaging:
         overlay: bool,
         longest: int | None = None,
     ) -> RenderedSlice:
-        volume = (
-            position.volume if position.volume is not None else self.store.image(patient_id, visit, channel)
-        )
+        volume = position.volume
         window = self.window(patient_id, channel)
         raw = render.take_slice(volume.data, position.plane, position.index)
         mm = render.pixel_mm(volume.spacing, position.plane)
@@ -285,9 +283,7 @@ class Imaging:
     ) -> RenderedSlice:
         """Two visits side by side, same window, each half sized so the panel fits the image budget."""
         first = positions[visits[0]]
-        volume = (
-            first.volume if first.volume is not None else self.store.image(patient_id, visits[0], channel)
-        )
+        volume = first.volume
         shape = render.take_slice(volume.data, first.plane, first.index).shape
         longest = render.pair_longest(shape, render.pixel_mm(volume.spacing, first.plane), self.max_side)
         left = self.render(patient_id, visits[0], channel, first, False, longest)
