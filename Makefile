@@ -107,8 +107,9 @@ train-env:
 	$(TRAIN_VENV)/bin/python -m pip install -e '.[verl]'
 	@echo "train-env: $(TRAIN_VENV) ready; next: PYTHON=$(TRAIN_VENV)/bin/python scripts/train_grpo.sh --dry-run ..."
 
+# A crash of the interpreter (a native library's thread at exit) prints every thread's Python stack.
 test: $(STAMP) lint browser
-	$(BIN)/python -m pytest
+	PYTHONFAULTHANDLER=1 $(BIN)/python -m pytest
 
 # The reliability suite at full scale (issue 7): fuzzing, hostile input, reward hacking, scope and auth,
 # a 2,000-call burst, kill -9 under verl, a 50,000-call soak, corrupt data. `make test` runs it at CI scale.

@@ -228,7 +228,7 @@ def test_clinic_bank_rows_follow_the_schema_and_hide_the_answer(tmp_path):
         for row in result.rows[split]:
             extra = json.loads(row["extra_info"])
             case = by_id[extra["patient_id"]]
-            assert row["data_source"] == "clinic_synthetic" and row["agent_name"] == "tool_agent"
+            assert row["data_source"] == "clinic_synthetic" and row["agent_name"] == "medexagent"
             assert row["reward_model"]["ground_truth"] == case.diagnosis == extra["ground_truth"]
             assert set(extra["tools_kwargs"]) == set(registry.get("clinic").tools)
             row_noise = extra["tools_kwargs"]["ask_patient"]["create_kwargs"]["noise"]
@@ -238,8 +238,8 @@ def test_clinic_bank_rows_follow_the_schema_and_hide_the_answer(tmp_path):
             )
             assert row_noise["mode"] == "dataset" and row_noise["patient_rate"] == 0.5
             workup = list(dict.fromkeys(e.call.name for e in case.exams))
-            offered = extra["tool_selection"][1:]
-            assert extra["tool_selection"][0] == "ask_patient" and set(workup) <= set(offered)
+            offered = extra["tool_selection"]  # the patient hears plain text: no tool for it
+            assert "ask_patient" not in offered and set(workup) <= set(offered)
             assert len(offered) == len(workup) + 5 and "other" not in offered  # the work-up + 5 distractors
             assert extra["clinic"]["exams"] == [e.spelled for e in case.exams]
             noisy += bool(extra["noise"]["labels"])
@@ -248,9 +248,28 @@ def test_clinic_bank_rows_follow_the_schema_and_hide_the_answer(tmp_path):
             assert all(f"- Name: {name}\n" in system for name in offered)
             head = system.split("AVAILABLE EXAMINATIONS")[0]  # the exam list's values may name a disease
             assert "[DIAGNOSIS:" in system and case.diagnosis.lower() not in head.lower()
-            prompt = head.lower() + row["prompt"][1]["content"].lower()
+            assert [m["role"] for m in row["prompt"]] == ["system"]  # MedExAgent's: a system message only
+            prompt = head.lower()
             assert case.symptoms.split(".")[0].lower() not in prompt  # neither the patient's symptoms ...
             assert not any(e.findings.lower() in prompt for e in case.exams)  # ... nor any finding
-            assert f"{case.age} years old" in prompt and "order_exam" not in prompt
+            assert f"age: {case.age}\n" in prompt and "order_exam" not in prompt
+            assert "INSTRUCTIONS:\n- Only output what you would say directly to the patient" in system
+            assert "<answer>" not in system and "nan" not in head.split()
     # MedExAgent's dataset-level draw: exactly round(40 x 0.5) noisy patients, whatever the exam noise adds
     assert noisy >= 20 and len(systems) == 40
+
+
+def test_train_and_test_files_given_together_keep_their_own_splits(tmp_path):
+    """MedExAgent's README layout: `rl/train_patients.csv` and `eval/*_test_*` files; the bank keeps them apart,
+    whatever the fractions say, so its test patients never reach training."""
+    from case_env.envs.clinic.bank import build
+    from case_env.envs.clinic.noise import NoiseConfig
+
+    write_csv(make_cases(12, 0), tmp_path / "rl" / "train_patients.csv")
+    write_csv(make_cases(5, 1, stem="held"), tmp_path / "eval" / "pmc_test_cases.csv")
+    write_csv(make_cases(3, 2, stem="other"), tmp_path / "eval" / "pmc_val_cases.csv")
+    cases = load_cases([tmp_path / "rl", tmp_path / "eval"]).cases
+    result = build(cases, 0, (0.8, 0.1, 0.1), NoiseConfig())
+    by_file = {s: sorted(c.case_id for c in cases if c.split == s) for s in ("train", "val", "test")}
+    assert {s: sorted(ids) for s, ids in result.patients.items()} == by_file
+    assert [len(by_file[s]) for s in ("train", "val", "test")] == [12, 3, 5]

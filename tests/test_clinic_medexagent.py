@@ -145,14 +145,20 @@ def test_a_row_offers_its_workup_tools_plus_the_distractors():
     draws = set()
     for row in first.rows["train"]:
         extra = json.loads(row["extra_info"])
-        selection = extra["tool_selection"]
-        assert selection[0] == "ask_patient" and len(selection) == len(set(selection)) == 1 + 2 + 5
-        distractors = set(selection[1:]) - {"ct", "cbc"}
+        selection = extra["tool_selection"]  # a dialogue row: the patient hears plain text, no tool for it
+        assert "ask_patient" not in selection and len(selection) == len(set(selection)) == 2 + 5
+        distractors = set(selection) - {"ct", "cbc"}
         assert {"ct", "cbc"} <= set(selection) and len(distractors) == 5 and not distractors & NOT_OFFERED
         draws.add(frozenset(distractors))
     assert len(draws) > 10  # drawn per case
     with_three = build(cases[:3], 0, (1.0, 0.0, 0.0), NoiseConfig(), distractors=3).rows["train"]
-    assert all(len(json.loads(r["extra_info"])["tool_selection"]) == 1 + 2 + 3 for r in with_three)
+    assert all(len(json.loads(r["extra_info"])["tool_selection"]) == 2 + 3 for r in with_three)
+    asked = build(cases[:3], 0, (1.0, 0.0, 0.0), NoiseConfig(), patient="ask_patient").rows["train"]
+    for row in asked:  # the ask_patient channel: verl's tool_agent, the patient a tool
+        assert json.loads(row["extra_info"])["tool_selection"][0] == "ask_patient"
+        assert row["agent_name"] == "tool_agent" and [m["role"] for m in row["prompt"]] == ["system", "user"]
+    for row in first.rows["train"]:
+        assert row["agent_name"] == "medexagent" and [m["role"] for m in row["prompt"]] == ["system"]
 
 
 # -- the conformance test -----------------------------------------------------------------------------------
@@ -319,7 +325,10 @@ def pneumonia(tmp_path_factory, dataset):
         [ClinicCase("p", "pmc", "Community-acquired pneumonia", symptoms, "58", "Male", exams=exams)], path
     )
     cases = read_csv(path).cases
-    write(build(cases, 0, (1.0, 0.0, 0.0), NoiseConfig()), tmp / "bank", {"env": "clinic"})
+    # the ask_patient channel: verl's stock tool_agent, the patient a tool (test_clinic_loop.py plays the
+    # default, MedExAgent's own loop)
+    bank = build(cases, 0, (1.0, 0.0, 0.0), NoiseConfig(), patient="ask_patient")
+    write(bank, tmp / "bank", {"env": "clinic"})
     with env(CASE_ENV_CLINIC_CASES=tmp / "cases"), live_server(dataset, tmp) as live:
         yield tmp / "bank", live
 
@@ -441,7 +450,7 @@ def test_medexagents_verl_parquet_rows_are_cases_with_their_tools_and_noise(tmp_
     assert case.noise.patient == ("self_diagnosis", "vague_answer") and case.noise.exams == ((0, "omission"),)
     rows = build([case], 0, (1.0, 0.0, 0.0), NoiseConfig(patient_rate=0.3, exam_rate=0.1)).rows["train"]
     extra_row = json.loads(rows[0]["extra_info"])
-    assert extra_row["tool_selection"] == ["ask_patient", *case.offered]  # its own tools, kept
+    assert extra_row["tool_selection"] == list(case.offered)  # its own tools, kept
     noise = NoiseConfig(**extra_row["tools_kwargs"]["ask_patient"]["create_kwargs"]["noise"])
     assert (noise.patient_types, noise.exam_slots, noise.exam_types) == (
         ["self_diagnosis", "vague_answer"],

@@ -244,3 +244,61 @@ def test_the_default_profile_asks_medexagents_judge_in_its_format(tmp_path):
         cold = {"clinic": {"exams": WORKUP, "reward": {"judge_temperature": 0.0}}}
         unread = clinic_score(trajectory(answer="[DIAGNOSIS: gout]"), "Pneumonia", cold, client=client)
         assert (unread["dx"], unread["judge"]) == (0.0, "judge") and chat.requests[1]["temperature"] == 0.0
+
+
+# Diagnoses written as PMC-Patients case reports write them (the kind MedExAgent's PMC cases carry): none is an
+# instruction, and the guard that refuses injected orders must let every one of them reach the judge.
+REAL_DIAGNOSES = [
+    "Central nervous system vasculitis",
+    "High-output heart failure",
+    "Immune thrombocytopenia (low platelet count)",
+    "Thrombotic thrombocytopenic purpura",
+    "Prostate adenocarcinoma, Gleason score 7 (3+4)",
+    "Stage IV: metastatic non-small cell lung cancer",
+    "Type 2 diabetes mellitus; diabetic ketoacidosis",
+    "Systemic lupus erythematosus with class IV lupus nephritis",
+    "Acute respiratory distress syndrome secondary to COVID-19",
+    "Posterior reversible encephalopathy syndrome (PRES)",
+    "Autoimmune polyglandular syndrome type 2",
+    "Guillain-Barré syndrome, acute motor axonal neuropathy variant",
+    "Hemophagocytic lymphohistiocytosis",
+    "Kikuchi-Fujimoto disease",
+    "IgG4-related disease",
+    "Drug reaction with eosinophilia and systemic symptoms (DRESS)",
+    "Complete heart block with low cardiac output",
+    "Pulmonary embolism, Wells score high",
+    "Normal pressure hydrocephalus",
+    "Spontaneous coronary artery dissection",
+    "Wernicke encephalopathy due to hyperemesis gravidarum",
+    "Idiopathic intracranial hypertension",
+    "Non-response to clopidogrel with stent thrombosis",
+    "Osteomyelitis of the L4-L5 vertebrae",
+    "Cerebral venous sinus thrombosis",
+    "Pheochromocytoma; catecholamine-induced cardiomyopathy",
+    "Renal cell carcinoma, clear cell type, T3aN0M0",
+    "Small bowel obstruction due to adhesions",
+    "Methemoglobinemia after dapsone",
+    "Acute myeloid leukemia (AML) with NPM1 mutation",
+]
+
+
+@pytest.mark.parametrize("diagnosis", REAL_DIAGNOSES)
+def test_no_real_diagnosis_is_refused_as_an_instruction(diagnosis):
+    from case_env.medicine.diagnosis import looks_injected
+
+    assert not looks_injected(diagnosis)
+
+
+def test_medexagents_judge_is_asked_afresh_for_every_rollout_unless_the_bank_caches_it(tmp_path):
+    chat = ScriptedChat(lambda messages: "gt_count: 1\npred_count: 1\nmatched: 1")
+    with serve_app(chat.app) as live:
+        client = _client(tmp_path, f"{live.url}/v1")
+        text = trajectory(answer="[DIAGNOSIS: Central nervous system vasculitis]")
+        extra = {"clinic": {"exams": WORKUP}}
+        for _ in range(3):
+            assert clinic_score(text, "Primary angiitis of the CNS", extra, client=client)["judge"] == "judge"
+        assert len(chat.requests) == 3  # a fresh sample at 0.7 each time, as MedExAgent's judge
+        cached = {"clinic": {"exams": WORKUP, "reward": {"judge_cache": True}}}
+        for _ in range(3):
+            clinic_score(text, "Primary angiitis of the CNS", cached, client=client)
+        assert len(chat.requests) == 4  # one more sample, then the cached one

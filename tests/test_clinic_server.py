@@ -317,6 +317,7 @@ def test_openai_clinician_through_the_chat_protocol_matches_the_scripted_one(ser
             0,
             (1.0, 0.0, 0.0),
             NoiseConfig(seed=1, patient_rate=0.5, exam_rate=0.3),
+            patient="ask_patient",  # the stub model asks through the tool
         ),
         tmp_path / "bank",
         {},

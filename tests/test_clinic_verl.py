@@ -30,12 +30,14 @@ from tests.verl_rows import REPO, dataset_config
 NOISE = NoiseConfig(seed=7, patient_rate=0.5, exam_rate=0.3)
 
 
-@pytest.fixture(scope="module")
-def clinic(tmp_path_factory, dataset):
+@pytest.fixture(scope="module", params=["dialogue", "ask_patient"])
+def clinic(tmp_path_factory, dataset, request):
+    """A bank of either patient channel: MedExAgent's loop (plain text to the patient) or verl's tool_agent."""
     tmp = tmp_path_factory.mktemp("clinic-verl")
     cases = make_cases(40, seed=1)
     write_csv(cases, tmp / "cases" / "clinic_synthetic.csv")
-    write(build(cases, seed=1, fractions=(1.0, 0.0, 0.0), noise=NOISE), tmp / "bank", {"env": "clinic"})
+    bank = build(cases, seed=1, fractions=(1.0, 0.0, 0.0), noise=NOISE, patient=request.param)
+    write(bank, tmp / "bank", {"env": "clinic"})
     with env(CASE_ENV_CLINIC_CASES=tmp / "cases"), live_server(dataset, tmp) as live:
         yield tmp / "bank", live
 
@@ -57,7 +59,8 @@ def test_clinic_rows_through_verl_tool_agent_loop_and_reward_manager(clinic, mon
         assert {k: create["noise"][k] for k in ("seed", "patient_rate", "exam_rate")} == {
             k: NOISE.model_dump()[k] for k in ("seed", "patient_rate", "exam_rate")
         }
-        assert item["extra_info"]["tool_selection"][0] == "ask_patient"
+        spoken = item["agent_name"] == "medexagent"
+        assert (item["extra_info"]["tool_selection"][0] == "ask_patient") != spoken
 
     outputs, models, scores = asyncio.run(play(items, tools, len(items)))
     # the same cases through the eval runner
@@ -71,21 +74,23 @@ def test_clinic_rows_through_verl_tool_agent_loop_and_reward_manager(clinic, mon
         assert calls and not any(c["infra_error"] for c in calls)
         assert [c["tool"] for c in calls][: len(dialogue)] == ["ask_patient"] * len(dialogue)
         assert len(dialogue) >= 2 and dialogue[0]["text"] != dialogue[1]["text"]
-        # the model was offered only the row's tools: ask_patient, the work-up's exam tools, the distractors
+        # the model was offered only the row's tools: (ask_patient,) the work-up's exam tools, the distractors;
+        # MedExAgent's loop lists them in its system prompt and renders no tool block
         offered = item["extra_info"]["tool_selection"]
-        assert all(f'"name": "{name}"' in model.prompts[0] for name in offered)
-        assert (
-            '"name": "order_exam"' not in model.prompts[0]
-            and '"name": "render_slice"' not in model.prompts[0]
-        )
-        assert all(c["tool"] in offered for c in calls)
+        listed = [f"- Name: {name}\n" if spoken else f'"name": "{name}"' for name in offered]
+        assert all(entry in model.prompts[0] for entry in listed)
+        assert "order_exam" not in model.prompts[0] and "render_slice" not in model.prompts[0]
+        assert all(c["tool"] in offered or (spoken and c["tool"] == "ask_patient") for c in calls)
         extra = score["reward_extra_info"]
         assert set(extra) == set(KEYS) and extra["profile"] == "medexagent"
         assert extra["asks"] == len(dialogue) and extra["format_ok"]
         correct += extra["acc"]
         # the same case through the eval runner: the same conversation, the same reward
         record = by_key[item["extra_info"]["patient_id"]]
-        replies = [m["content"][-1]["text"] for m in record["messages"] if m["role"] == "tool"]
+        if spoken:  # the patient's replies are user turns
+            replies = [m["content"] for m in record["messages"] if m["role"] == "user"]
+        else:
+            replies = [m["content"][-1]["text"] for m in record["messages"] if m["role"] == "tool"]
         assert replies[: len(dialogue)] == [d["text"] for d in dialogue]
         direct = record["score"]
         assert direct["pred"] == extra["pred"] and direct["exams"] == extra["exams"]

@@ -6,6 +6,7 @@ environment, and preflight calls the server with CaseTool from a task pinned to 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -15,7 +16,7 @@ import pytest
 from ray.util import get_node_ip_address
 
 from case_env.bench.process import ServerProcess, free_port
-from case_env.verl.cluster import probe_nodes
+from case_env.verl.cluster import NodeReport
 from case_env.verl.preflight import printable
 from tests.test_train_preflight import table
 from tests.verl_rows import REPO, build_bank
@@ -57,10 +58,27 @@ def exposed_server(dataset, tmp_path_factory):
     server.stop()
 
 
-def probe(cluster, bank: Path, env_vars: dict[str, str], patient: str):
+# Each probe joins the cluster from a child process: a Ray driver started and shut down more than once in
+# the pytest process leaves core-worker threads behind that crash the interpreter at exit (ray-project/ray
+# #31145: "Segfaults when restarting Ray multiple times in unit tests"), which CI met as a segfault after
+# every test had passed.
+_PROBE = """
+import dataclasses, json, sys
+from case_env.verl.cluster import probe_nodes
+args = json.loads(sys.argv[1])
+print(json.dumps([dataclasses.asdict(r) for r in probe_nodes(*args)]))
+"""
+
+
+def probe(cluster, bank: Path, env_vars: dict[str, str], patient: str) -> list[NodeReport]:
     yaml = str(REPO / "configs/verl/imaging.yaml")
     paths = [str(bank / "train.parquet"), yaml]
-    return probe_nodes(cluster.address, env_vars, paths, yaml, "list_visits", {"patient_id": patient}, {})
+    args = [cluster.address, env_vars, paths, yaml, "list_visits", {"patient_id": patient}, {}]
+    done = subprocess.run(
+        [sys.executable, "-c", _PROBE, json.dumps(args)], capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return [NodeReport(**r) for r in json.loads(done.stdout.splitlines()[-1])]
 
 
 def test_a_case_tool_on_the_second_node_reaches_the_server_only_through_the_forwarded_variables(

@@ -240,6 +240,7 @@ class Item:
     prompt: list[dict]
     ground_truth: str
     extra: dict
+    agent_name: str = "tool_agent"  # the verl agent loop the row names
 
 
 def bank_files(bank: Path) -> list[Path]:
@@ -271,6 +272,7 @@ def load_items(bank: Path) -> list[Item]:
                     prompt=list(row["prompt"]),
                     ground_truth=row["reward_model"]["ground_truth"],
                     extra=extra,
+                    agent_name=row.get("agent_name") or "tool_agent",
                 )
             )
     return items

@@ -6,9 +6,21 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
+
+# a split named as a word of the file name: "train-00000-of-00001.parquet" (MedCaseReasoning), "train_patients.csv",
+# "ddxplus_test_conversations_clean.jsonl" (MedExAgent)
+_SPLIT = re.compile(r"(?:^|[-_.])(train|val|validation|test)(?=$|[-_.])", re.IGNORECASE)
+SPLIT_NAMES = {"train": "train", "val": "val", "validation": "val", "test": "test"}
+
+
+def split_of(path: Path) -> str:
+    """The split a file's name gives its cases, or "": a published dataset's own split, which banks keep."""
+    found = _SPLIT.search(path.name)
+    return SPLIT_NAMES[found.group(1).lower()] if found else ""
 
 
 def records(path: Path) -> Iterator[tuple[int, str, dict | None, str | None]]:

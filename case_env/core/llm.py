@@ -3,8 +3,9 @@
 Used where an environment may consult a language model (a simulated patient, a judge of answers). Rewards must
 not drift between runs and a GRPO group must see one answer, so every answer is cached on disk by a hash of
 (model, messages, parameters): the second time the same question is asked, the endpoint is not. A caller
-reproducing a published system may sample at its temperature (MedExAgent's patient and judge ran at 0.7); the
-cache then keeps the first sample, so the reward stays a function of the trajectory.
+reproducing a published system samples as it did: MedExAgent's patient and judge ran at 0.7 and were asked
+afresh every time (`fresh=True`); its callers keep the cached single sample as an option for rewards that
+stay a function of the trajectory.
 A failure (timeout, HTTP error, malformed reply) returns None and is never cached; callers fall back to
 their deterministic rules.
 """
@@ -70,14 +71,19 @@ class ChatClient:
         )
         return hashlib.blake2b(blob.encode(), digest_size=16).hexdigest()
 
-    def complete(self, messages: list[dict], temperature: float | None = None) -> Reply | None:
-        """The reply to `messages` (at the settings' temperature unless one is given), or None on failure."""
+    def complete(
+        self, messages: list[dict], temperature: float | None = None, fresh: bool = False
+    ) -> Reply | None:
+        """The reply to `messages` (at the settings' temperature unless one is given), or None on failure.
+        `fresh`: a new sample, neither read from the cache nor kept in it (a published system that samples
+        its judge or patient anew on every call)."""
         temperature = self.settings.temperature if temperature is None else temperature
         key = self._key(messages, temperature)
-        with self._lock:
-            row = self._db.execute("SELECT text FROM replies WHERE key = ?", (key,)).fetchone()
-        if row is not None:
-            return Reply(row[0], cached=True)
+        if not fresh:
+            with self._lock:
+                row = self._db.execute("SELECT text FROM replies WHERE key = ?", (key,)).fetchone()
+            if row is not None:
+                return Reply(row[0], cached=True)
         body = {
             "model": self.settings.model,
             "messages": messages,
@@ -94,6 +100,8 @@ class ChatClient:
             return None
         if not isinstance(text, str) or not text.strip():
             return None
+        if fresh:
+            return Reply(text, cached=False)
         with self._lock:
             self._db.execute("INSERT OR REPLACE INTO replies (key, text) VALUES (?, ?)", (key, text))
             self._db.commit()

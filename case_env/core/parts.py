@@ -19,6 +19,8 @@ first calls the method.
 | `HeldContext` | a context the server rebuilds from its own record of the episode | the tool route |
 | `Benchmarks` | call mixes the shared load generator plays | `case-env bench ...` |
 | `Recipes` | training recipes (verl overrides) | `train run`, `train preflight` |
+| `AgentLoops` | verl agent loops of its own, named by its rows' `agent_name` | `train run`, `train preflight` |
+| `Dialogue` | episodes as conversations: plain text said to someone the server plays | `eval`, its agent loops |
 | `Commands` | its own commands | the command line |
 """
 
@@ -279,12 +281,35 @@ class Recipe:
     epochs: int
     rollout: str
     summary: str  # one line for --help
+    updates_per_step: int = 4  # PPO mini-batches per step: ppo_mini_batch_size = batch size / this
 
 
 class Recipes:
     """Training recipes of its own beside the base one (`case-env train run --recipe NAME`)."""
 
     recipes: ClassVar[Mapping[str, Recipe]] = {}
+
+
+class AgentLoops:
+    """verl agent loops of its own (`AgentLoopBase` subclasses, by dotted class path), which its bank rows name
+    in `agent_name`; the launcher lists them in the file `rollout.agent.agent_loop_config_path` points to."""
+
+    agent_loops: ClassVar[Mapping[str, str]] = {}
+
+
+class Dialogue(ABC):
+    """Episodes that are conversations, in the manner of a consultation: a turn without a tool call is said to
+    someone the server plays (the `listener` tool answers it, the text as its `said` argument) and the reply
+    comes back as a user turn; every tool call of a turn runs; a turn for which `ends` holds closes the
+    episode, with or without calls."""
+
+    listener: ClassVar[str]
+    said: ClassVar[str]
+    # what a call of a tool the row does not offer gets back (the server is not called)
+    not_offered: ClassVar[str] = "This tool is not available."
+
+    @abstractmethod
+    def ends(self, text: str) -> bool: ...
 
 
 class Commands(ABC):
@@ -304,5 +329,7 @@ PARTS: tuple[type, ...] = (
     HeldContext,
     Benchmarks,
     Recipes,
+    AgentLoops,
+    Dialogue,
     Commands,
 )

@@ -40,19 +40,22 @@ class Turn:
     text: str = ""
     call: tuple[str, dict] | None = None
     reasoning: str = ""
+    also: tuple[tuple[str, dict], ...] = ()  # more calls of the same turn, where a loop runs them all
 
     @property
     def final(self) -> bool:
         return self.call is None
 
+    @property
+    def calls(self) -> list[tuple[str, dict]]:
+        return [self.call, *self.also] if self.call is not None else []
+
     def written(self, form: str = "hermes") -> str:
-        """The turn as the model writes it, its call in verl's `form`. Reasoning a server returned apart
+        """The turn as the model writes it, its calls in verl's `form`. Reasoning a server returned apart
         (vLLM's reasoning parsers, the vendors' APIs) goes back inside `<think>` where the model wrote it."""
         text = with_thought(self.text, self.reasoning)
-        if self.call is None:
-            return text
-        call = call_text(*self.call, form)
-        return f"{text}\n{call}" if text else call
+        calls = "\n".join(call_text(*call, form) for call in self.calls)
+        return f"{text}\n{calls}" if text and calls else text or calls
 
 
 def with_thought(text: str, reasoning: str | None) -> str:
@@ -67,35 +70,39 @@ class Policy(Protocol):
     def next_turn(self, observations: list[Observation]) -> Turn: ...
 
 
-def transcript(turns: list[Turn], observations: list[Observation]) -> str:
-    """An episode as verl decodes it for the reward: each turn, its tool response, then the final turn."""
-    parts = []
-    for i, turn in enumerate(turns):
-        parts.append(turn.written())
-        if i < len(observations):
-            parts.append(f"user\n<tool_response>\n{observations[i].text}\n</tool_response>")
-    return "\n".join(parts)
+_TURN = re.compile(r"<\|im_start\|>(user|assistant)\n(.*?)(?:<\|im_end\|>|$)", re.DOTALL)
 
 
 @dataclass
 class LoopPolicy:
-    """A Policy inside verl's ToolAgentLoop (one per trajectory), as the scripted model's turn function: the
-    tool responses are read back from the prompt text in the order of the calls this policy made, each
-    image with the response that carried it; the call is written in the loop's tool-call format."""
+    """A Policy inside a verl agent loop (one per trajectory), as the scripted model's turn function: what
+    its moves got back is read from the prompt text the loop built (user turns after the first assistant
+    turn: each `<tool_response>` block is one call's answer, each image with the response that carried it; a
+    user turn without one is the reply to words said to `listener`, in a loop that answers plain text), and
+    its calls are written in the loop's tool-call format. `listener` is (tool, argument) of such a loop."""
 
     policy: Any
     form: str = "hermes"
+    listener: tuple[str, str] | None = None
     calls: list[tuple[str, dict]] = field(default_factory=list)
 
     def __call__(self, prompt_text: str, images: list, turn: int) -> str:
-        responses = _RESPONSE.findall(prompt_text)
+        answers: list[str] = []
+        started = False
+        for role, body in _TURN.findall(prompt_text):
+            started = started or role == "assistant"
+            if started and role == "user":
+                blocks = _RESPONSE.findall(body)
+                answers += blocks if blocks else [body.strip()]
         seen = []
         image_iter = iter(images)
-        for (tool, arguments), body in zip(self.calls, responses, strict=False):
+        for (tool, arguments), body in zip(self.calls, answers, strict=False):
             text = body.rsplit(VISION_END, 1)[-1].strip()
             image = next(image_iter, None) if VISION_END in body else None
             seen.append(Observation(tool, arguments, text, image, ok=not text.startswith("Error:")))
         move = self.policy.next_turn(seen)
-        if move.call is not None:
-            self.calls.append(move.call)
+        self.calls += move.calls
+        if not move.calls and self.listener is not None:
+            tool, argument = self.listener
+            self.calls.append((tool, {argument: move.text}))
         return move.written(self.form)

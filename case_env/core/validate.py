@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from case_env.core import registry
 from case_env.core.bank import AGENT_NAMES, REQUIRED_COLUMNS, REQUIRED_EXTRA, ExtraInfo
-from case_env.core.parts import Banks
+from case_env.core.parts import AgentLoops, Banks
 
 
 @dataclass
@@ -52,27 +52,33 @@ def _extra(value) -> tuple[dict | None, str | None]:
 def _check_row(row: dict, tool_names: set[str]) -> list[str]:
     problems = []
     prompt = row.get("prompt")
+    reward = row.get("reward_model")
+    truth = reward.get("ground_truth") if isinstance(reward, dict) else None
+    if not truth:
+        problems.append("reward_model.ground_truth is missing")
+    extra, error = _extra(row.get("extra_info"))
+    env = None
+    if extra is not None:
+        try:
+            env = registry.for_row(str(row.get("data_source", "")), extra)
+        except registry.RegistryError as exc:
+            error = f"extra_info.env: {exc}"
+    # an environment's own agent loop (MedExAgent's) may open with a system message alone: its doctor speaks
+    # first; verl's stock loops generate an answer to the user's message
+    own = env.agent_loops if isinstance(env, AgentLoops) else {}
     if (
         not isinstance(prompt, list)
         or not prompt
         or not all(isinstance(m, dict) and "role" in m and "content" in m for m in prompt)
     ):
         problems.append("prompt must be a non-empty list of {role, content} messages")
-    elif prompt[-1].get("role") != "user":
+    elif prompt[-1].get("role") != "user" and row.get("agent_name") not in own:
         problems.append("the last prompt message must be the user's")
-    reward = row.get("reward_model")
-    truth = reward.get("ground_truth") if isinstance(reward, dict) else None
-    if not truth:
-        problems.append("reward_model.ground_truth is missing")
-    if row.get("agent_name") not in (None, *AGENT_NAMES):
-        problems.append(f"agent_name is {row.get('agent_name')!r}, expected {' or '.join(AGENT_NAMES)}")
-    extra, error = _extra(row.get("extra_info"))
-    if error:
-        return [*problems, error]
-    try:
-        env = registry.for_row(str(row.get("data_source", "")), extra)
-    except registry.RegistryError as exc:
-        return [*problems, f"extra_info.env: {exc}"]
+    names = (*AGENT_NAMES, *own)
+    if row.get("agent_name") not in (None, *names):
+        problems.append(f"agent_name is {row.get('agent_name')!r}, expected {' or '.join(names)}")
+    if error or env is None:
+        return [*problems, error or "extra_info is missing"]
     required = (*REQUIRED_EXTRA, *(env.required_extra if isinstance(env, Banks) else ()))
     missing = [k for k in required if k not in extra]
     if missing:

@@ -2,11 +2,13 @@
 environment's rows.
 
 The conversation starts from the row's prompt; the model sees only the row's tool subset (none, for a
-single-turn row). Tool text goes back as a `tool` message. Images go back as a user message with an image
+single-turn row). Tool text goes back as a `tool` message; every call of a turn is handed to the loop, which
+runs the first (verl's tool_agent) or all (a dialogue loop); a call it did not run is told so. In a dialogue,
+the reply to a turn of plain text comes back as a user message. Images go back as a user message with an image
 part right after it, because the chat format allows text only in tool messages and vLLM and the hosted APIs
 follow it. A tool call whose arguments are not valid JSON gets an error reply and the model may try again;
-the server is not called. The episode ends at the first reply without a tool call, or when the turn budget
-(every completion requested, retries included) runs out.
+the server is not called. The episode ends as the loop says (verl's tool_agent: at the first reply without a
+tool call), or when the turn budget (every completion requested, retries included) runs out.
 
 Reasoning models served with a reasoning parser (vLLM, SGLang) or by their vendors' APIs return their
 reasoning apart from the text, as `reasoning_content` (or `reasoning`). It is kept on the turn and in the
@@ -36,6 +38,8 @@ class ModelSettings:
 
 
 REASONING_FIELDS = ("reasoning_content", "reasoning")
+# what a call gets back that the loop did not run (verl's tool_agent runs the first call of a turn)
+NOT_RUN = "Error: not run; one call per turn runs."
 
 
 def reasoning_of(message) -> str:
@@ -68,12 +72,20 @@ class OpenAIPolicy:
         self.messages: list[dict] = [dict(m) for m in prompt]
         self.turns = 0
         self.malformed = 0
-        self._pending: str | None = None  # id of the call whose output has not been sent back yet
+        self._pending: list[str] = []  # ids of the calls whose outputs have not been sent back yet
+        self._sent = 0  # observations already in the conversation
 
     def next_turn(self, observations: list[Observation]) -> Turn:
-        if self._pending is not None and observations:
-            self._send_back(self._pending, observations[-1])
-            self._pending = None
+        new = observations[self._sent :]
+        self._sent = len(observations)
+        if self._pending:
+            for call_id, output in zip(self._pending, new, strict=False):
+                self._send_back(call_id, output)
+            for call_id in self._pending[len(new) :]:  # the chat format needs a reply to every call
+                self.messages.append({"role": "tool", "tool_call_id": call_id, "content": NOT_RUN})
+        else:  # a turn of plain text, answered by whoever the loop gives it to (a dialogue's listener)
+            self.messages += [{"role": "user", "content": output.text} for output in new]
+        self._pending = []
         while self.turns < self.max_turns:
             self.turns += 1
             sent = [{k: v for k, v in m.items() if k not in REASONING_FIELDS} for m in self.messages]
@@ -98,23 +110,29 @@ class OpenAIPolicy:
                     "role": "assistant",
                     "content": content,
                     **({"reasoning_content": reasoning} if reasoning else {}),
-                    **({"tool_calls": [calls[0].model_dump()]} if calls else {}),
+                    **({"tool_calls": [c.model_dump() for c in calls]} if calls else {}),
                 }
             )
             if not calls:
                 return Turn(content, reasoning=reasoning)
-            call = calls[0]  # one call per turn, as verl's tool_agent loop executes by default
-            try:
-                arguments = json.loads(call.function.arguments or "{}")
-                if not isinstance(arguments, dict):
-                    raise ValueError("arguments must be a JSON object")
-            except ValueError as exc:
+            ready, broken = [], []
+            for call in calls:  # the loop decides how many run (verl's tool_agent: the first)
+                try:
+                    arguments = json.loads(call.function.arguments or "{}")
+                    if not isinstance(arguments, dict):
+                        raise ValueError("arguments must be a JSON object")
+                    ready.append((call, arguments))
+                except ValueError as exc:
+                    broken.append((call, exc))
+            for call, exc in broken:
                 self.malformed += 1
                 message = f"Error: the arguments are not a valid JSON object ({exc})."
                 self.messages.append({"role": "tool", "tool_call_id": call.id, "content": message})
+            if not ready:
                 continue
-            self._pending = call.id
-            return Turn(content, (call.function.name, arguments), reasoning)
+            self._pending = [call.id for call, _ in ready]
+            moves = [(call.function.name, arguments) for call, arguments in ready]
+            return Turn(content, moves[0], reasoning, tuple(moves[1:]))
         return Turn("")
 
     def _send_back(self, call_id: str, output: Observation) -> None:

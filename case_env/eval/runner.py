@@ -17,6 +17,7 @@ import io
 import json
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from PIL import Image
@@ -27,8 +28,8 @@ from case_env.core.bank import Item, load_items
 from case_env.core.calls import FIELD, ExecutedCall
 from case_env.core.client import RetryPolicy, ToolClient
 from case_env.core.environment import Environment
-from case_env.core.parts import Baselines, PolicyFactory, Variant, evaluation_of
-from case_env.core.policy import Observation, Turn, transcript
+from case_env.core.parts import AgentLoops, Baselines, Dialogue, PolicyFactory, Variant, evaluation_of
+from case_env.core.policy import Observation, Turn
 from case_env.eval import trajectory
 from case_env.eval.openai_agent import ModelSettings, OpenAIPolicy, chat_client
 from case_env.eval.report import write_report
@@ -154,51 +155,127 @@ class _Rollouts:
         allowed = set(item.extra.get("tool_selection") or [])
         return [schema for name, schema in self.schemas.items() if not allowed or name in allowed]
 
+    def listener(self, item: Item) -> tuple[str, str] | None:
+        """(tool, argument) that answers a turn of plain text, when the row's agent loop is a dialogue (as
+        the loop plays it in training: every call of a turn runs, a turn that `ends` closes the episode)."""
+        env = self.env
+        if isinstance(env, Dialogue) and isinstance(env, AgentLoops) and item.agent_name in env.agent_loops:
+            return env.listener, env.said
+        return None
+
     async def play(self, item: Item, variant: Variant, policy, tools: list[dict]) -> trajectory.Episode:
         loop = asyncio.get_running_loop()
         create = _create_kwargs(item, variant)
         patient = item.extra["patient_id"]
         episode_id = f"eval-{uuid.uuid4().hex}"
-        turns: list[Turn] = []
+        listener = self.listener(item)
+        steps: list[Step] = []
         seen: list[Observation] = []
         calls: list[ExecutedCall] = []
         offered = {t["function"]["name"] for t in tools}
         for _ in range(variant.max_turns or self.max_turns):
             turn = await loop.run_in_executor(self.pool, policy.next_turn, list(seen))
-            turns.append(turn)
-            if turn.final:
+            step = Step(turn)
+            steps.append(step)
+            if listener is None and turn.final:
                 break
-            name, arguments = turn.call
-            if tools and name not in offered:
-                # As verl's ToolAgentLoop does: a tool the row does not offer is refused before any call.
-                refusal = f"Unknown function '{name}'. Available tools: {sorted(offered)}"
-                seen.append(Observation(name, arguments, refusal, None, None, False))
-                continue
-            body = {"episode_id": episode_id, "patient_id": patient, "arguments": arguments}
-            context = self.env.episode_context(create, calls)
-            if context is not None:
-                body["context"] = context
-            reply = await self.client.call(name, body)
-            if reply.http_status == 404:
-                raise LookupError(
-                    f"the server has no case {patient!r}: serve the bank's cases (case-env serve --data-root "
-                    f"holding them, or --cases {self.env.name}=FILE)"
-                )
-            pngs = reply.pngs()
-            image = Image.open(io.BytesIO(pngs[0])).convert("RGB") if pngs else None
-            seen.append(
-                Observation(name, arguments, reply.model_text(), image, pngs[0] if pngs else None, reply.ok)
-            )
-            spec = self.env.tools.get(name)
-            text = reply.text if spec is not None and spec.remember else None
-            calls.append(
-                ExecutedCall(name, arguments, reply.status, reply.infra_error, reply.attempts, text=text)
-            )
+            if listener is not None and self.env.ends(turn.text):
+                break
+            if listener is not None and not turn.calls:
+                step.said = True
+                moves = [(listener[0], {listener[1]: turn.text})]
+            else:
+                moves = turn.calls if listener is not None else turn.calls[:1]  # tool_agent runs one call
+            for name, arguments in moves:
+                if tools and name not in offered and not step.said:
+                    # a tool the row does not offer is refused before any call: in verl's words under
+                    # tool_agent, in the dialogue loop's (MedExAgent's) under its own loop
+                    refusal = (
+                        self.env.not_offered
+                        if listener is not None
+                        else f"Unknown function '{name}'. Available tools: {sorted(offered)}"
+                    )
+                    step.observations.append(Observation(name, arguments, refusal, None, None, False))
+                    continue
+                observation, call = await self._call(name, arguments, episode_id, patient, create, calls)
+                step.observations.append(observation)
+                calls.append(call)
+            seen += step.observations
         extra = {**item.extra, **variant.extra, FIELD: [c.record() for c in calls]}
-        score = self.env.score(transcript(turns, seen), item.ground_truth, extra).flat()
-        return trajectory.Episode(
-            item.prompt, turns, seen, calls, score, tools, getattr(policy, "messages", None)
+        score = self.env.score(transcript(steps), item.ground_truth, extra).flat()
+        turns = [s.turn for s in steps]
+        messages = getattr(policy, "messages", None)
+        if messages is None and listener is not None:
+            messages = dialogue_messages(variant.prompt or item.prompt, steps)
+        return trajectory.Episode(item.prompt, turns, seen, calls, score, tools, messages)
+
+    async def _call(
+        self, name: str, arguments: dict, episode_id: str, patient: str, create: dict, calls: list
+    ) -> tuple[Observation, ExecutedCall]:
+        body = {"episode_id": episode_id, "patient_id": patient, "arguments": arguments}
+        context = self.env.episode_context(create, calls)
+        if context is not None:
+            body["context"] = context
+        reply = await self.client.call(name, body)
+        if reply.http_status == 404:
+            raise LookupError(
+                f"the server has no case {patient!r}: serve the bank's cases (case-env serve --data-root "
+                f"holding them, or --cases {self.env.name}=FILE)"
+            )
+        pngs = reply.pngs()
+        image = Image.open(io.BytesIO(pngs[0])).convert("RGB") if pngs else None
+        observation = Observation(
+            name, arguments, reply.model_text(), image, pngs[0] if pngs else None, reply.ok
         )
+        spec = self.env.tools.get(name)
+        text = reply.text if spec is not None and spec.remember else None
+        return observation, ExecutedCall(
+            name, arguments, reply.status, reply.infra_error, reply.attempts, text=text
+        )
+
+
+@dataclass
+class Step:
+    """One assistant turn and what its calls (or, in a dialogue, its words) got back."""
+
+    turn: Turn
+    observations: list[Observation] = field(default_factory=list)
+    said: bool = False  # its text went to the listener, whose reply is a user turn
+
+
+def transcript(steps: list[Step]) -> str:
+    """An episode as verl decodes it for the reward: each turn, then its tool responses in one user turn, or
+    the reply to its words as a user turn of its own."""
+    parts = []
+    for step in steps:
+        parts.append(step.turn.written())
+        if step.said:
+            parts += [f"user\n{o.text}" for o in step.observations]
+        elif step.observations:
+            body = "\n".join(f"<tool_response>\n{o.text}\n</tool_response>" for o in step.observations)
+            parts.append(f"user\n{body}")
+    return "\n".join(parts)
+
+
+def dialogue_messages(prompt: list[dict], steps: list[Step]) -> list[dict]:
+    """A dialogue episode in the chat format: assistant turns with their calls, tool replies, the listener's
+    replies as user turns."""
+    messages = [dict(m) for m in prompt]
+    for n, step in enumerate(steps):
+        message: dict = {"role": "assistant", "content": step.turn.text}
+        ids = [f"call_{n}_{i}" for i in range(len(step.turn.calls))]
+        if step.turn.calls and not step.said:
+            message["tool_calls"] = [
+                {"id": i, "type": "function", "function": {"name": c[0], "arguments": json.dumps(c[1])}}
+                for i, c in zip(ids, step.turn.calls, strict=True)
+            ]
+        messages.append(message)
+        for i, observation in enumerate(step.observations):
+            if step.said:
+                messages.append({"role": "user", "content": observation.text})
+            else:
+                messages.append({"role": "tool", "tool_call_id": ids[i], "content": observation.text})
+    return messages
 
 
 def run_eval(

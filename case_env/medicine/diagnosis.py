@@ -190,9 +190,13 @@ class Verdict:
         return self.matched > 0
 
 
+# Words and characters of instructions to a grader, markup or a verdict, which no condition name needs. Words
+# that real diagnoses use are not among them: "Central nervous system vasculitis", "high-output heart
+# failure", "thrombocytopenia (low platelet count)", "Gleason score 7", "Stage IV: metastatic" (the list they
+# were checked on is in tests/test_clinic_reward.py). The prediction is fenced in the judge's prompt anyway.
 _INJECTION = re.compile(
-    r"\b(ignore|disregard|instructions?|system|assistant|prompt|judge|grader|score|matche?[sd]?|count|"
-    r"verdict|json|respond|reply|output|you are|you must|prediction|gt_count|pred_count)\b|[{}<>`=:]",
+    r"\b(ignore|disregard|instructions?|assistant|prompt|judge|grader|verdict|json|you are|you must|"
+    r"prediction|gt_count|pred_count|matched)\b|[{}<>`=]",
     re.IGNORECASE,
 )
 FENCE = ("<<<PREDICTION", "PREDICTION>>>")

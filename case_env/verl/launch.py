@@ -32,7 +32,7 @@ import case_env.verl.dataset as case_dataset
 from case_env.core import registry
 from case_env.core.bank import bank_sources
 from case_env.core.calls import FORMATS
-from case_env.core.parts import Recipe, Recipes
+from case_env.core.parts import AgentLoops, Recipe, Recipes
 from case_env.server.control import Sizing, ensure_server, is_loopback, stop
 from case_env.verl.config import write
 
@@ -200,7 +200,7 @@ class Plan:
     def _base(self) -> list[str]:
         args = self.args
         data = args.data.resolve()
-        mini_batch = max(1, args.batch_size // 4)
+        mini_batch = max(1, args.batch_size // recipes()[args.recipe].updates_per_step)
         items = [
             "algorithm.adv_estimator=grpo",
             f"data.train_files={data / 'train.parquet'}",
@@ -231,6 +231,7 @@ class Plan:
             "actor_rollout_ref.rollout.multi_turn.max_tool_response_length=2048",
             "actor_rollout_ref.rollout.agent.num_workers=8",
             "actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent",
+            *agent_loop_overrides(data),
             "reward.reward_manager.name=naive",
             f"reward.custom_reward_function.path={Path(case_env.reward.__file__).resolve()}",
             "reward.custom_reward_function.name=compute_score",
@@ -345,6 +346,18 @@ def bank_env(data: Path) -> str:
             [f"{data / 'train.parquet'} holds rows of {len(envs)} environments; a run needs one"]
         )
     return envs.pop()
+
+
+def agent_loop_overrides(data: Path) -> list[str]:
+    """The bank's environment's own agent loops (`AgentLoops`), listed in a file beside the bank that verl
+    registers in every AgentLoopWorker (`rollout.agent.agent_loop_config_path`); rows choose by `agent_name`."""
+    env = registry.get(bank_env(data))
+    if not isinstance(env, AgentLoops) or not env.agent_loops:
+        return []
+    path = data / "verl_agent_loops.yaml"
+    lines = [f"- name: {name}\n  _target_: {target}\n" for name, target in env.agent_loops.items()]
+    path.write_text("".join(lines))
+    return [f"actor_rollout_ref.rollout.agent.agent_loop_config_path={path}"]
 
 
 def bank_tool_config(data: Path) -> Path:

@@ -9,6 +9,7 @@ this project.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 
 from omegaconf import OmegaConf
@@ -19,6 +20,8 @@ from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
 from verl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop
 from verl.workers.rollout.replica import TokenOutput
 
+from case_env.core import registry
+from case_env.core.parts import AgentLoops
 from case_env.verl.dataset import CaseRLHFDataset
 from case_env.verl.model_files import NoVideo, allow_no_video
 
@@ -159,10 +162,21 @@ def loop_config(
     )
 
 
-def make_loop(tools: list, model: ScriptedModel, processor=None, config=None) -> ToolAgentLoop:
+def loop_class(agent_name: str) -> type[ToolAgentLoop]:
+    """The agent loop a row names: an environment's own (`AgentLoops`), else verl's `tool_agent`."""
+    for env in registry.environments().values():
+        if isinstance(env, AgentLoops) and agent_name in env.agent_loops:
+            module, _, name = env.agent_loops[agent_name].rpartition(".")
+            return getattr(importlib.import_module(module), name)
+    return ToolAgentLoop
+
+
+def make_loop(
+    tools: list, model: ScriptedModel, processor=None, config=None, agent_name: str = "tool_agent"
+) -> ToolAgentLoop:
     """Must run inside the event loop that will drive it (AgentLoopBase captures the running loop)."""
     config = config or loop_config()
-    return ToolAgentLoop(
+    return loop_class(agent_name)(
         trainer_config=DictConfigWrap(config),
         server_manager=model,
         tokenizer=model.tokenizer,

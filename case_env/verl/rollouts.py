@@ -23,7 +23,7 @@ from verl.tools.tool_registry import load_all_tools
 from case_env.core import registry
 from case_env.core.bank import Item
 from case_env.core.calls import FIELD
-from case_env.core.parts import Baselines, Variant
+from case_env.core.parts import AgentLoops, Baselines, Dialogue, Variant
 from case_env.core.policy import LoopPolicy
 from case_env.verl.config import path_for, write
 from case_env.verl.dataset import CaseRLHFDataset
@@ -91,7 +91,17 @@ def policy_for(item: dict, form: str = "hermes") -> LoopPolicy:
     )
     if not isinstance(env, Baselines) or not env.loop_agent:
         raise ValueError(f"the {env.name} environment has no scripted baseline to play through verl")
-    return LoopPolicy(env.policy_factory(env.loop_agent, Path("."), 0)(row, Variant(), 0), form)
+    policy = env.policy_factory(env.loop_agent, Path("."), 0)(row, Variant(), 0)
+    return LoopPolicy(policy, form, listener_of(item))
+
+
+def listener_of(item: dict) -> tuple[str, str] | None:
+    """(tool, argument) that answers plain text in the row's agent loop, when that loop is a dialogue."""
+    env = registry.for_row(item["data_source"], item["extra_info"])
+    loops = env.agent_loops if isinstance(env, AgentLoops) else {}
+    if isinstance(env, Dialogue) and item.get("agent_name") in loops:
+        return env.listener, env.said
+    return None
 
 
 async def play(
@@ -105,10 +115,14 @@ async def play(
     async def one(item: dict):
         async with gate:
             tokenizer = build_tokenizer()
-            turns = LoopPolicy(policy(item), form) if policy is not None else policy_for(item, form)
+            if policy is not None:
+                turns = LoopPolicy(policy(item), form, listener_of(item))
+            else:
+                turns = policy_for(item, form)
             model = ScriptedModel(tokenizer, turns)
             config = loop_config(max_turns=40, form=form)
-            loop = make_loop(tools, model, processor=build_processor(tokenizer), config=config)
+            agent = str(item.get("agent_name") or "tool_agent")
+            loop = make_loop(tools, model, build_processor(tokenizer), config, agent)
             out = await run_row(loop, item)
             return out, model
 

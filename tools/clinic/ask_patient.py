@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from case_env.core.tools import ToolResult, tool
-from case_env.envs.clinic.context import ClinicContext
+from case_env.envs.clinic.context import MAX_TEXT, ClinicContext
 from case_env.envs.clinic.noise import plan_noise
 
 
@@ -13,7 +13,7 @@ from case_env.envs.clinic.noise import plan_noise
 @tool(personas=("clinician",), remember=True)
 def ask_patient(
     ctx: ClinicContext,
-    question: str = Field(min_length=1, max_length=500, description="Your question to the patient."),
+    question: str = Field(min_length=1, max_length=MAX_TEXT, description="Your question to the patient."),
 ) -> ToolResult:
     """Ask the patient one question in plain language (symptoms, when they started, how bad they
     are, what makes them better or worse, medical history, medicines). The patient answers in
@@ -23,4 +23,4 @@ def ask_patient(
     case = ctx.case()
     plan = plan_noise(case, ctx.episode.noise)
     patient = ctx.cases.patient(case, plan)
-    return ToolResult(patient.answer(question.strip(), ctx.episode.history))
+    return ToolResult(patient.answer(question.strip(), ctx.episode.history, ctx.episode.ordered))

@@ -18,12 +18,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from case_env.core.casefiles import gather, records
+from case_env.core.casefiles import gather, records, split_of
 
 _ID_UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
 _NUMBERED = re.compile(r"(?:^|\n|\s)(\d{1,2})[.)]\s+")
-_SPLIT = re.compile(r"^(train|val|validation|test)(?=$|[-_.])", re.IGNORECASE)
-SPLIT_NAMES = {"train": "train", "val": "val", "validation": "val", "test": "test"}
 SUFFIXES = (".jsonl", ".csv", ".parquet")
 
 
@@ -37,12 +35,6 @@ class ReasoningCase:
     journal: str = ""
     pmcid: str = ""
     split: str = ""  # the dataset's own split, from the file name
-
-
-def split_of(path: Path) -> str:
-    """The split a file's name gives its cases ("train-00000-of-00001.parquet" → "train"), or ""."""
-    found = _SPLIT.match(path.name)
-    return SPLIT_NAMES[found.group(1).lower()] if found else ""
 
 
 @dataclass

@@ -7,10 +7,15 @@ Rows follow the common schema (`case_env.core.bank`: `agent_name` tool_agent, ev
   (`select_tools_for_case`): the work-up's tools (each name once, never `other`) plus `distractors` other
   exam tools, shuffled; drawn from (seed, case id), or kept from a MedExAgent parquet row. With
   `--interface order_exam`, `ask_patient` and `order_exam` instead.
-- the prompt: MedExAgent's RL doctor prompt in substance (demographics, history, the offered examinations
-  with their allowed values, the tool-call format, its consultation structure, `[DIAGNOSIS: ...]`), with one
-  change verl forces: the doctor speaks to the patient through `ask_patient`, since a reply without a tool
-  call ends verl's episode.
+- the prompt and the loop, by `patient`:
+  - `dialogue` (the default, MedExAgent's): its RL doctor prompt as published (`train/rl/dataset.py`
+    `build_doctor_system_prompt_rl`: a system message only, demographics as "Age:/Gender:/Race/Ethnicity:"
+    lines, the offered exams with their allowed values, the tool-call format with its CT example, the
+    consultation structure and the INSTRUCTIONS block), played by MedExAgent's loop (`agent_name`
+    `medexagent`, `case_env.envs.clinic.agent_loop`): the doctor talks to the patient in plain text;
+  - `ask_patient`: verl's stock `tool_agent`, where a reply without a tool call ends the episode, so the
+    patient is a tool (`ask_patient`) and the prompt says so; a system and a user message, one answer format
+    (`[DIAGNOSIS: ...]`).
 - `create_kwargs.noise`: the noise configuration and, in dataset mode, this case's assignment (MedExAgent's
   dataset-level draw over the whole bank, before the split), which the server realises;
 - `extra_info.clinic` (the recorded work-up, as written, and the reward profile and weights the reward
@@ -23,7 +28,7 @@ import random
 from typing import Any, Literal
 
 from case_env.core import registry
-from case_env.core.bank import BankResult, BankRow, ExtraInfo, rows_by_split
+from case_env.core.bank import BankResult, BankRow, ExtraInfo, Message, RewardSpec, rows_by_split
 from case_env.core.personas import PersonaSpec
 from case_env.core.tools import schema_version
 from case_env.envs.clinic import medexagent_noise
@@ -34,6 +39,9 @@ from case_env.medicine.exams import EXAMS, NOT_OFFERED, tool_text
 
 ABILITY = "clinic_diagnosis"
 Interface = Literal["exam_tools", "order_exam"]
+PatientChannel = Literal["dialogue", "ask_patient"]
+ASK = "ask_patient"
+LOOP = "medexagent"  # the agent loop a dialogue row names (case_env.envs.clinic.agent_loop)
 
 
 class ClinicExtra(ExtraInfo):
@@ -53,20 +61,73 @@ def offered_exams(case: ClinicCase, seed: int, distractors: int) -> list[str]:
     return chosen
 
 
-def system_prompt(case: ClinicCase, persona: PersonaSpec, exams: list[str], interface: Interface) -> str:
-    listing = tool_text(exams) if interface == "exam_tools" else tool_text(list(EXAMS))
-    how = (
-        'To order an examination, call its tool, for example a chest CT with contrast:\n<tool_call>\n{"name": '
-        '"ct", "arguments": {"region": "chest", "contrast": "yes"}}\n</tool_call>\nFor tools without required '
-        "parameters, use an empty arguments object."
-        if interface == "exam_tools"
-        else 'Order an examination with order_exam, for example:\n<tool_call>\n{"name": "order_exam", '
-        '"arguments": {"exam": "ct", "region": "chest", "contrast": "yes"}}\n</tool_call>'
+def _example(interface: Interface) -> str:
+    if interface == "exam_tools":
+        return (
+            '<tool_call>\n{"name": "ct", "arguments": {"region": "chest", "contrast": "yes"}}\n</tool_call>'
+        )
+    return (
+        '<tool_call>\n{"name": "order_exam", "arguments": {"exam": "ct", "region": "chest", "contrast": "yes"}}'
+        "\n</tool_call>"
     )
+
+
+def medexagent_prompt(case: ClinicCase, exams: list[str], interface: Interface) -> str:
+    """MedExAgent's RL doctor prompt, as `build_doctor_system_prompt_rl` (`train/rl/dataset.py`, e5b0699) writes
+    it; with `order_exam`, the one tool and its example instead of one tool per exam."""
+    listing = tool_text(exams) if interface == "exam_tools" else tool_text(list(EXAMS))
+    call = '<tool_call>\n{"name": "<tool_name>", "arguments": {"<param>": "<value>", ...}}\n</tool_call>'
+    empty = '<tool_call>\n{"name": "<tool_name>", "arguments": {}}\n</tool_call>'
+    return f"""You are an experienced physician conducting a medical consultation. Your goal is to gather information from the patient, order appropriate examinations, interpret results, and arrive at a diagnosis.
+
+PATIENT DEMOGRAPHICS:
+{case.demographic_lines()}
+
+PATIENT'S MEDICAL HISTORY:
+{case.history or "No known past medical history."}
+
+AVAILABLE EXAMINATIONS:
+{listing}
+
+TOOL CALL FORMAT:
+To order an examination, include a tool call in your message using the following format:
+{call}
+
+For tools with no required parameters, use an empty arguments object:
+{empty}
+
+You may include a brief message to the patient before the tool call. For example, to order a chest CT with contrast, you would write:
+
+Based on your symptoms, I'd like to order a CT scan of your chest to get a better look.
+{_example(interface)}
+
+You MUST use only the allowed values listed for each parameter above. Do NOT invent new parameter values.
+
+CONSULTATION STRUCTURE:
+1. GREETING: Greet the patient and ask the patient what brings them in today.
+2. SYMPTOM INQUIRY: Ask about the patient's symptoms, their onset, duration, severity, and any associated factors. Keep this phase brief (3-5 questions) and ask at most 1-2 short questions per turn. Once you have enough information, move on to examinations.
+3. EXAMINATIONS: Based on your clinical assessment, order appropriate examinations one at a time using the <tool_call> format. Order only exams that are clinically indicated — avoid unnecessary tests. After each exam result comes back, briefly discuss the findings with the patient (2-3 sentences) and explain why you'd like to order the next examination before ordering it.
+4. DIAGNOSIS: After receiving exam results, state your final diagnosis using the exact format: [DIAGNOSIS: <your diagnosis>]
+
+INSTRUCTIONS:
+- Only output what you would say directly to the patient. Do NOT include your internal thoughts / reasoning / plan.
+- Pace gently and do NOT overwhelm the patient with too many questions at once.
+- Ask at most 1-2 short questions per turn.
+- Order exams one at a time, do NOT order multiple exams in one turn.
+- After receiving exam results, always discuss the findings before ordering the next exam.
+- You MUST end with [DIAGNOSIS: ...] to conclude the consultation.
+"""
+
+
+def ask_patient_prompt(case: ClinicCase, persona: PersonaSpec, exams: list[str], interface: Interface) -> str:
+    """The prompt of the `ask_patient` channel: MedExAgent's sections, with the patient reached through the
+    tool, since a reply without a tool call ends verl's `tool_agent` episode."""
+    listing = tool_text(exams) if interface == "exam_tools" else tool_text(list(EXAMS))
+    how = "call its tool, for example" if interface == "exam_tools" else "use order_exam, for example"
     return f"""{persona.system_prompt}
 
 PATIENT DEMOGRAPHICS:
-{case.demographics()}
+{case.demographic_lines()}
 
 PATIENT'S MEDICAL HISTORY:
 {case.history or "No known past medical history."}
@@ -74,8 +135,11 @@ PATIENT'S MEDICAL HISTORY:
 AVAILABLE EXAMINATIONS:
 {listing}
 TOOL CALL FORMAT:
-To speak to the patient, call ask_patient with what you would say. {how}
-Use only the allowed values listed for each parameter.
+To speak to the patient, call ask_patient with what you would say. To order an examination, {how} a chest CT
+with contrast:
+{_example(interface)}
+For tools without required parameters, use an empty arguments object. Use only the allowed values listed for
+each parameter.
 
 CONSULTATION STRUCTURE:
 1. GREETING: greet the patient and ask what brings them in today.
@@ -121,6 +185,7 @@ def to_row(
     version: str,
     selection: list[str],
     interface: Interface,
+    patient: PatientChannel = "dialogue",
 ) -> BankRow:
     plan = plan_noise(case, noise)
     spelled = [e.spelled or e.call.key() for e in case.exams]
@@ -143,12 +208,22 @@ def to_row(
             "source": case.source,
             "exams": spelled,
             "interface": interface,
+            "patient": patient,
             "reward": weights.model_dump(),
         },
         noise=plan.metadata(case),
     )
-    prompt = system_prompt(case, persona, exams, interface)
-    return BankRow.chat(case.data_source, prompt, user_message(case), ABILITY, extra)
+    if patient == ASK:
+        prompt = ask_patient_prompt(case, persona, exams, interface)
+        return BankRow.chat(case.data_source, prompt, user_message(case), ABILITY, extra)
+    return BankRow(
+        data_source=case.data_source,
+        prompt=[Message(role="system", content=medexagent_prompt(case, exams, interface))],
+        ability=ABILITY,
+        extra_info=extra,
+        agent_name=LOOP,
+        reward_model=RewardSpec(ground_truth=case.diagnosis),
+    )
 
 
 def build(
@@ -159,6 +234,7 @@ def build(
     weights: RewardWeights | None = None,
     distractors: int = 5,
     interface: Interface = "exam_tools",
+    patient: PatientChannel = "dialogue",
 ) -> BankResult:
     env = registry.get("clinic")
     weights = weights or RewardWeights()
@@ -167,9 +243,8 @@ def build(
     noises = assign_noise(cases, noise)
 
     def selection(case: ClinicCase) -> list[str]:
-        if interface == "order_exam":
-            return ["ask_patient", "order_exam"]
-        return ["ask_patient", *offered_exams(case, seed, distractors)]
+        exams = ["order_exam"] if interface == "order_exam" else offered_exams(case, seed, distractors)
+        return [ASK, *exams] if patient == ASK else exams  # in a dialogue the patient hears plain text
 
     return rows_by_split(
         cases,
@@ -186,5 +261,9 @@ def build(
             version,
             selection(case),
             interface,
+            patient,
         ),
+        given=lambda case: (
+            case.split
+        ),  # MedExAgent's own files (train_patients.csv, *_test_*.jsonl) stay apart
     )

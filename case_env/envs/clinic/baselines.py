@@ -43,6 +43,9 @@ class Clinician:
         self.prompt = prompt
         self.max_exams = max_exams
         self.single_tool = '"name": "order_exam"' in prompt
+        # MedExAgent's prompt has the doctor talk to the patient in plain text; the ask_patient channel's
+        # prompt asks for the tool
+        self.speaks = "call ask_patient" not in prompt
         self.offered = set(re.findall(r"^- Name: (\w+)$", prompt, re.M))
 
     def _exam(self, move: Observation) -> str | None:
@@ -64,7 +67,8 @@ class Clinician:
     def next_turn(self, done: list[Observation]) -> Turn:
         asked = [m for m in done if m.tool == "ask_patient"]
         if len(asked) < len(QUESTIONS) and not any("everything" in m.text for m in asked):
-            return Turn(call=("ask_patient", {"question": QUESTIONS[len(asked)]}))
+            question = QUESTIONS[len(asked)]
+            return Turn(question) if self.speaks else Turn(call=("ask_patient", {"question": question}))
         answers = " ".join(m.text for m in asked)
         belief = symptom_scores(self.prompt, answers)
         exams = [(key, m.text) for m in done if (key := self._exam(m)) is not None]

@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from case_env.core.casefiles import gather, records
+from case_env.core.casefiles import gather, records, split_of
 from case_env.core.frozen import FrozenDraw
 from case_env.medicine.exams import ExamCall, ExamError, RecordedExam, recorded_exam
 
@@ -68,6 +68,7 @@ class ClinicCase:
     persona: Persona | None = None  # None: drawn per case from its id
     offered: tuple[str, ...] | None = None  # exam tools a MedExAgent parquet row offers; None: drawn per bank
     noise: AssignedNoise | None = None  # noise a MedExAgent parquet row assigns; None: planned per bank
+    split: str = ""  # the split its file's name gives ("train_patients.csv", "pmc_test_....jsonl"), or ""
 
     @property
     def data_source(self) -> str:
@@ -76,6 +77,17 @@ class ClinicCase:
     def findings(self, call: ExamCall) -> list[tuple[int, str]]:
         """(slot, findings) of every recorded exam identical to `call`: strict, no name-only fallback."""
         return [(slot, e.findings) for slot, e in enumerate(self.exams) if e.call == call]
+
+    def demographic_lines(self) -> str:
+        """The demographics as MedExAgent's RL prompt lays them out (`_format_demographics`): one labelled
+        line per recorded field, empty ones left out."""
+        fields = (
+            ("Age", self.age),
+            ("Gender", self.gender),
+            ("Race/Ethnicity", self.race),
+            ("Other", self.other_demographics),
+        )
+        return "\n".join(f"{label}: {value}" for label, value in fields if value) or "Not specified"
 
     def demographics(self) -> str:
         parts = [p for p in (_age_words(self.age), _gender_word(self.gender), self.race) if p]
@@ -101,7 +113,11 @@ def _gender_word(gender: str) -> str:
 
 
 def _clean(value: object) -> str:
-    return "" if value is None else str(value).strip()
+    """A cell as text; an empty cell is "" however it was written. pandas writes one as "nan" (MedExAgent's
+    CSVs have them, and its prompt builder prints them: "Race/Ethnicity: nan"); we read it as empty, which is
+    what that builder's docstring says it does ("any empty/None field is silently omitted")."""
+    text = "" if value is None else str(value).strip()
+    return "" if text.lower() == "nan" else text
 
 
 def _case_id(stem: str, local: str) -> str:
@@ -184,6 +200,7 @@ def read_csv(path: Path) -> CaseLoad:
             medexagent_persona(n),
             where,
             load.problems,
+            split=split_of(path),
         )
         if case is not None:
             load.cases.append(case)
@@ -257,6 +274,7 @@ def read_jsonl(path: Path) -> CaseLoad:
             _persona(record.get("patient_persona")),
             where,
             load.problems,
+            split=split_of(path),
         )
         if case is not None:
             load.cases.append(case)
@@ -313,6 +331,7 @@ def read_parquet(path: Path) -> CaseLoad:
             load.problems,
             offered=tuple(str(t) for t in offered) if isinstance(offered, list) else None,
             noise=noise,
+            split=split_of(path),
         )
         if case is not None:
             load.cases.append(case)

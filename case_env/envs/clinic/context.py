@@ -27,6 +27,11 @@ class Exchange(BaseModel):
 
     question: str = Field(max_length=MAX_TEXT, description="What the clinician asked.")
     answer: str = Field(max_length=MAX_TEXT, description="What the patient answered.")
+    ordered: list[str] = Field(
+        default_factory=list,
+        max_length=MAX_EXCHANGES,
+        description="Exams the clinician ordered before this question, as the patient hears of them.",
+    )
 
 
 class ClinicEpisode(BaseModel):
@@ -36,6 +41,11 @@ class ClinicEpisode(BaseModel):
         default_factory=list,
         max_length=MAX_EXCHANGES,
         description="Earlier ask_patient exchanges of this episode, oldest first.",
+    )
+    ordered: list[str] = Field(
+        default_factory=list,
+        max_length=MAX_EXCHANGES,
+        description="Exams ordered since the last exchange, as the patient hears of them.",
     )
     noise: NoiseConfig = Field(
         default_factory=NoiseConfig, description="The bank row's noise configuration (no noise by default)."

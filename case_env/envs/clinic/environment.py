@@ -15,10 +15,12 @@ from case_env.core.bank import CASE_EXTRA, Item
 from case_env.core.calls import ExecutedCall
 from case_env.core.environment import Environment, Score
 from case_env.core.parts import (
+    AgentLoops,
     BankBuild,
     BankOptions,
     Banks,
     Baselines,
+    Dialogue,
     Evaluation,
     PolicyFactory,
     Recipe,
@@ -57,6 +59,11 @@ class ClinicBankOptions(TextBankOptions):
         "exam_tools", description="exam_tools: MedExAgent's one tool per exam; order_exam: one tool."
     )
     distractors: int = Field(5, ge=0, le=60, description="Exam tools offered beside the work-up's.")
+    patient: Literal["dialogue", "ask_patient"] = Field(
+        "dialogue",
+        description="dialogue: MedExAgent's loop, plain text to the patient; ask_patient: verl's tool_agent, "
+        "the patient as a tool.",
+    )
 
 
 class ClinicSynthOptions(SynthOptions):
@@ -67,10 +74,13 @@ class ClinicSynthOptions(SynthOptions):
 
 # MedExAgent's RL run (config/rl_config.yaml and train/rl/run.py; docs/sources.md, MedExAgent): "DAPO" there is
 # GRPO with clip-higher (0.2 / 0.3), no KL term, entropy bonus 0.002, 16 samples per prompt at temperature
-# 1.0, lr 1e-6, batch 64, one epoch, SGLang, a 4,096-token prompt and a 16,384-token response, at most 20
-# assistant and 15 user turns, a checkpoint every 200 steps and no validation (`disable_eval: true`:
-# val_before_train False, test_freq -1). verl counts every tool response as a user turn, and the patient is a
-# tool here, so its 15 bounds questions and exams together where MedExAgent's bounded the patient's replies alone.
+# 1.0, lr 1e-6, batch 64 updated once per step (ppo_mini_batch_size 64), one epoch, SGLang, a 4,096-token
+# prompt and a 16,384-token response, at most 20 assistant and 15 user turns, a checkpoint every 200 steps
+# and no validation (`disable_eval: true`: val_before_train False, test_freq -1), its own agent loop. The
+# loop (case_env.envs.clinic.agent_loop) counts the limits as MedExAgent's does: tool-result turns and the
+# patient's replies are user turns, and the user-turn limit is checked only before the patient speaks, so
+# exams go on until the assistant-turn limit. Rows built with `--patient ask_patient` run under verl's
+# tool_agent instead, which stops after any generation once the user turns reach the limit.
 MEDEXAGENT = Recipe(
     overrides={
         "data.max_prompt_length": "4096",
@@ -89,15 +99,19 @@ MEDEXAGENT = Recipe(
         "trainer.test_freq": "-1",
         "trainer.val_before_train": "False",
         "trainer.max_actor_ckpt_to_keep": "null",
+        "actor_rollout_ref.rollout.agent.default_agent_loop": "medexagent",
     },
     group_size=16,
     epochs=1,
     rollout="sglang",
-    summary="MedExAgent's DAPO run: clip 0.2/0.3, no KL, entropy 0.002, group 16",
+    summary="MedExAgent's DAPO run: its loop, clip 0.2/0.3, no KL, entropy 0.002, group 16, one update/step",
+    updates_per_step=1,
 )
 
 
-class ClinicEnvironment(Environment, TextCases, Banks, Synthesis, Baselines, Evaluation, Recipes):
+class ClinicEnvironment(
+    Environment, TextCases, Banks, Synthesis, Baselines, Evaluation, Recipes, AgentLoops, Dialogue
+):
     name = "clinic"
     title = "clinic"
     summary = "MedExAgent: its exam tools, reward and noise; ask the patient, order exams at a cost, diagnose, under patient and exam noise."
@@ -112,6 +126,16 @@ class ClinicEnvironment(Environment, TextCases, Banks, Synthesis, Baselines, Eva
     loop_agent = "clinician"
     max_turns = 20  # MedExAgent's assistant-turn limit
     recipes: ClassVar[dict[str, Recipe]] = {"medexagent": MEDEXAGENT}
+    agent_loops: ClassVar[dict[str, str]] = {"medexagent": "case_env.envs.clinic.agent_loop.MedExAgentLoop"}
+    # the patient hears the doctor's plain text (MedExAgent's Interaction, played by ask_patient)
+    listener = "ask_patient"
+    said = "question"
+    not_offered = "The requested exam is not available."  # MedExAgent's ToolAgent.execute
+
+    def ends(self, text: str) -> bool:
+        from case_env.envs.clinic.reward import DIAGNOSIS_TAG
+
+        return DIAGNOSIS_TAG.search(text or "") is not None
 
     def open_cases(self, data: DataSettings) -> ClinicCases:
         from case_env.envs.clinic.store import ClinicCases, ClinicSettings
@@ -133,12 +157,23 @@ class ClinicEnvironment(Environment, TextCases, Banks, Synthesis, Baselines, Eva
         return {"conditions": conditions, "by_data_source": sources}, words
 
     def episode_context(self, create: Mapping[str, Any], calls: Sequence[ExecutedCall]) -> dict:
-        history = [
-            {"question": str(c.arguments.get("question", "")), "answer": c.text or ""}
-            for c in calls
-            if c.tool == "ask_patient" and c.ok
-        ]
-        return {"noise": dict(create.get("noise") or {}), "history": history}
+        """The patient's side of the episode so far: each answered question with the exams ordered before it,
+        and the exams ordered since (MedExAgent's patient hears of every order, never of its findings)."""
+        from case_env.envs.clinic.reward import as_tool
+        from case_env.medicine.exams import ExamError, exam_call
+
+        history, ordered = [], []
+        for call in calls:
+            if call.tool == self.listener and call.ok:
+                question = str(call.arguments.get(self.said, ""))
+                history.append({"question": question, "answer": call.text or "", "ordered": ordered})
+                ordered = []
+            elif call.ok:
+                try:
+                    ordered.append(exam_call(*as_tool(call.tool, call.arguments)).describe())
+                except ExamError:
+                    continue
+        return {"noise": dict(create.get("noise") or {}), "history": history, "ordered": ordered}
 
     # -- banks and rewards ------------------------------------------------------------------------------
     def build_bank(self, options: BankOptions) -> BankBuild:
@@ -157,7 +192,14 @@ class ClinicEnvironment(Environment, TextCases, Banks, Synthesis, Baselines, Eva
         )
         weights = RewardWeights(profile=options.reward_profile)
         result = build(
-            loaded.cases, options.seed, options.split, noise, weights, options.distractors, options.interface
+            loaded.cases,
+            options.seed,
+            options.split,
+            noise,
+            weights,
+            options.distractors,
+            options.interface,
+            options.patient,
         )
         sources = sorted({s for c in result.counts().values() for s in c})
         table = [f"{'split':6s} {'cases':>6s} " + " ".join(f"{s:>17s}" for s in sources) + f" {'noisy':>6s}"]
@@ -174,6 +216,7 @@ class ClinicEnvironment(Environment, TextCases, Banks, Synthesis, Baselines, Eva
             "noise": noise.model_dump(),
             "reward": weights.model_dump(),
             "interface": options.interface,
+            "patient": options.patient,
             "distractors": options.distractors,
         }
         return BankBuild(result, meta, table, Problems(loaded.problems))

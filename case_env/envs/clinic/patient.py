@@ -113,7 +113,7 @@ class RulePatient:
         self.units = told_units(case, plan)
         self.persona = persona_of(case)
 
-    def answer(self, question: str, history: list[Exchange]) -> str:
+    def answer(self, question: str, history: list[Exchange], ordered: list[str] | None = None) -> str:
         told: set[int] = set()
         for turn, earlier in enumerate(history):
             told |= self._respond(earlier.question, turn, told)[1]
@@ -288,20 +288,33 @@ def patient_prompt(case: ClinicCase, plan: NoisePlan, turn: int) -> str:
     return "\n\n".join(sections)
 
 
+def order_note(exam: str) -> str:
+    """What the patient hears of an exam the doctor ordered (MedExAgent's perspective conversion turns a tool
+    result into such a note, `format_exam_notification_for_patient`, so the patient never sees findings)."""
+    return f"[The doctor has ordered {exam}. The results have been received.]"
+
+
 class LLMPatient:
-    def __init__(self, client: ChatClient, case: ClinicCase, plan: NoisePlan):
+    """The patient as MedExAgent's interaction plays it: its system prompt, then the consultation from the
+    patient's side, the doctor's words as user turns, each exam ordered as a note, its own replies as
+    assistant turns."""
+
+    def __init__(self, client: ChatClient, case: ClinicCase, plan: NoisePlan, fresh: bool = False):
         self.client = client
         self.case = case
         self.plan = plan
+        self.fresh = fresh
         self.rules = RulePatient(case, plan)
 
-    def answer(self, question: str, history: list[Exchange]) -> str:
+    def answer(self, question: str, history: list[Exchange], ordered: list[str] | None = None) -> str:
         messages = [{"role": "system", "content": patient_prompt(self.case, self.plan, len(history))}]
         for earlier in history:  # perspective swap: the doctor is the user, the patient the assistant
+            messages += [{"role": "user", "content": order_note(exam)} for exam in earlier.ordered]
             messages += [
                 {"role": "user", "content": earlier.question},
                 {"role": "assistant", "content": earlier.answer},
             ]
+        messages += [{"role": "user", "content": order_note(exam)} for exam in ordered or ()]
         messages.append({"role": "user", "content": question})
-        reply = self.client.complete(messages)
+        reply = self.client.complete(messages, fresh=self.fresh)
         return reply.text.strip() if reply is not None else self.rules.answer(question, history)

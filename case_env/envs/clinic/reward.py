@@ -19,7 +19,8 @@ profiles, chosen per bank (`extra_info.clinic.reward.profile`):
 The diagnosis is the first `[DIAGNOSIS: ...]` (MedExAgent's tag) after the last tool response, else the last
 `<answer>...</answer>` there, so a tool output can never answer and a `[DIAGNOSIS:]` always decides. Its
 score is the Jaccard of matched conditions: from MedExAgent's judge prompt and reply format when a judge
-endpoint is configured (`CASE_ENV_JUDGE_URL`; temperature `judge_temperature`, MedExAgent's 0.7), else from
+endpoint is configured (`CASE_ENV_JUDGE_URL`; temperature `judge_temperature`, MedExAgent's 0.7, a fresh sample
+for every rollout as MedExAgent asks it, or one cached sample with `judge_cache`), else from
 the deterministic matcher (`case_env.medicine.diagnosis`). `acc` is strict accuracy (every ground-truth
 condition matched), `acc_lenient` at least one, as MedExAgent's evaluation reports them.
 """
@@ -91,6 +92,11 @@ class RewardWeights(BaseModel):
         0.75, ge=0, le=1, description="strict: share of a work-up exam's charge waived, first order only."
     )
     judge_temperature: float = Field(mx.JUDGE_TEMPERATURE, ge=0, le=2, description="The judge's temperature.")
+    judge_cache: bool = Field(
+        False,
+        description="Keep one judge sample per (prediction, truth), so the reward is a function of the "
+        "trajectory; MedExAgent asks its judge afresh for every rollout (the default).",
+    )
 
 
 class ClinicRecord(BaseModel):
@@ -195,7 +201,11 @@ def diagnosis_verdict(
     if looks_injected(prediction):
         return Verdict(rules.truth, rules.predicted, rules.matched, "refused")
     prompt = mx.JUDGE_PROMPT.format(ground_truth=truth, prediction=prediction)
-    reply = client.complete([{"role": "user", "content": prompt}], temperature=weights.judge_temperature)
+    reply = client.complete(
+        [{"role": "user", "content": prompt}],
+        temperature=weights.judge_temperature,
+        fresh=not weights.judge_cache,
+    )
     if reply is None:
         return Verdict(rules.truth, rules.predicted, rules.matched, "unavailable")
     return Verdict(*mx.parse_judge(reply.text), "judge")

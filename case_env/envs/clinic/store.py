@@ -32,16 +32,29 @@ class ClinicSettings(BaseSettings):
         description="Model of the LLM patient (MedExAgent trained against Qwen/Qwen3-30B-A3B, evaluated with gpt-4.1-mini).",
     )
     patient_temperature: float = Field(0.7, ge=0, le=2, description="MedExAgent's patient temperature, 0.7.")
-    patient_timeout_s: float = Field(8.0, gt=0, description="Past this, the rule-based patient answers.")
+    # MedExAgent's patient (train/rl/interaction.py, config/interaction_config_rl.yaml): 60 s per request,
+    # 2,048 tokens (room for Qwen3's thinking before the reply), a fresh sample for every reply
+    patient_timeout_s: float = Field(60.0, gt=0, description="Past this, the rule-based patient answers.")
+    patient_max_tokens: int = Field(2048, ge=1, description="Longest reply of the LLM patient.")
     patient_cache: Path | None = Field(None, description="SQLite cache of LLM patient answers.")
+    patient_cache_replies: bool = Field(
+        False,
+        description="Answer a repeated conversation with the cached reply, so every rollout of a group hears "
+        "the same patient; MedExAgent samples every reply afresh (the default).",
+    )
 
 
 class ClinicCases(CaseTable):
     def __init__(
-        self, cases: list[ClinicCase], problems: list[str] | None = None, llm: ChatClient | None = None
+        self,
+        cases: list[ClinicCase],
+        problems: list[str] | None = None,
+        llm: ChatClient | None = None,
+        fresh: bool = False,
     ):
         super().__init__(cases, problems)
         self.llm = llm
+        self.fresh = fresh
 
     @classmethod
     def load(cls, settings: ClinicSettings, data_root: Path | None = None) -> ClinicCases:
@@ -54,13 +67,17 @@ class ClinicCases(CaseTable):
                     base_url=settings.patient_url,
                     model=settings.patient_model,
                     timeout_s=settings.patient_timeout_s,
+                    max_tokens=settings.patient_max_tokens,
                     temperature=settings.patient_temperature,
                     cache_path=settings.patient_cache,
                 )
             )
+        fresh = not settings.patient_cache_replies
         if paths:
             log.info("clinic: %d cases, %d problem(s)", len(loaded.cases), len(loaded.problems))
-        return cls(loaded.cases, loaded.problems, llm)
+        return cls(loaded.cases, loaded.problems, llm, fresh if llm is not None else False)
 
     def patient(self, case: ClinicCase, plan: NoisePlan) -> RulePatient | LLMPatient:
-        return LLMPatient(self.llm, case, plan) if self.llm is not None else RulePatient(case, plan)
+        if self.llm is None:
+            return RulePatient(case, plan)
+        return LLMPatient(self.llm, case, plan, self.fresh)

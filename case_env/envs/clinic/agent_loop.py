@@ -1,0 +1,129 @@
+"""MedExAgent's agent loop on verl 0.9.1: the doctor talks to the patient in plain text.
+
+Written after MedExAgent's `MedicalAgentLoop` (`train/rl/agent_loop.py`, `_handle_generating_state`,
+`_handle_processing_tools_state`, `_handle_interacting_state`; docs/sources.md, MedExAgent), on verl's
+`ToolAgentLoop`, whose token building, masking and tool dispatch it keeps. verl 0.9.1 has no Interaction
+package, so the patient is the clinic server's `ask_patient` tool, called by the loop with the doctor's words
+(scope, noise and the episode log stay on the server, and the call is recorded for the reward like any other).
+Each assistant turn is read in MedExAgent's order:
+
+1. the response filled the token budget, or the turn was the `max_assistant_turns`-th: the episode ends;
+2. the decoded turn holds `[DIAGNOSIS: ...]`: the episode ends, tool calls or not;
+3. tool calls: every one of them runs, in order (MedExAgent runs all and counts more than one as a format
+   error, which the reward reads from the text), their results come back as tool messages in one user turn;
+4. plain text: said to the patient, whose reply comes back as a `user` message, unless `max_user_turns` user
+   turns (tool-result turns and replies alike) have passed, which MedExAgent checks only here; so exams go
+   on until the assistant-turn limit.
+
+A call of an exam the row does not offer is answered with MedExAgent's "The requested exam is not available."
+without reaching the server (`ToolAgent.execute`), and the reward still counts it, as MedExAgent's executor
+does. The exam list is in the system prompt (MedExAgent passes no tool schemas to the chat template), so by
+default no tool block is rendered; `render_tools: true` in the loop's config renders the row's schemas too.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from verl.experimental.agent_loop.agent_loop import register
+from verl.experimental.agent_loop.tool_agent_loop import AgentData, AgentState, ToolAgentLoop
+
+from case_env.core import registry
+from case_env.core.answers import final_segment
+from case_env.core.parts import Dialogue
+from case_env.envs.clinic.bank import LOOP
+from case_env.envs.clinic.context import MAX_TEXT
+
+_SPEAK = "_case_env_speak"  # the words of the last turn, kept on the agent data when they go to the patient
+
+
+@register(LOOP)
+class MedExAgentLoop(ToolAgentLoop):
+    def __init__(self, *args: Any, render_tools: bool = False, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        env = registry.get("clinic")
+        assert isinstance(env, Dialogue)
+        self.dialogue = env
+        self.render_tools = render_tools
+        # MedExAgent checks the user-turn limit only before the patient speaks, never after a generation
+        self.patient_turn_limit, self.max_user_turns = self.max_user_turns, None
+        self.max_parallel_calls = sys.maxsize  # every call of a turn runs
+
+    async def _handle_pending_state(
+        self, agent_data: AgentData, sampling_params: dict[str, Any]
+    ) -> AgentState:
+        if not self.render_tools:
+            agent_data._active_tool_schemas = []
+        return await super()._handle_pending_state(agent_data, sampling_params)
+
+    async def _handle_generating_state(
+        self, agent_data: AgentData, sampling_params: dict[str, Any], ignore_termination: bool = False
+    ) -> AgentState:
+        before = len(agent_data.messages)
+        state = await super()._handle_generating_state(agent_data, sampling_params, ignore_termination)
+        if len(agent_data.messages) == before:
+            return state  # ended on the token budget or the assistant-turn limit, before the turn was read
+        text = self.tokenizer.decode(agent_data.response_ids, skip_special_tokens=True)
+        if self.dialogue.ends(text):
+            return AgentState.TERMINATED
+        if agent_data.tool_calls:
+            return AgentState.PROCESSING_TOOLS
+        if self.patient_turn_limit and agent_data.user_turns >= self.patient_turn_limit:
+            return AgentState.TERMINATED
+        setattr(agent_data, _SPEAK, text)
+        return AgentState.PROCESSING_TOOLS
+
+    async def _handle_processing_tools_state(self, agent_data: AgentData) -> AgentState:
+        previous = list(agent_data.messages)
+        words = getattr(agent_data, _SPEAK, None)
+        if words is not None:
+            setattr(agent_data, _SPEAK, None)
+            reply = await self._say(agent_data, words)
+            agent_data.messages.append({"role": "user", "content": reply})
+        else:
+            offered = getattr(agent_data, "_active_tools", self.tools)
+            for call in agent_data.tool_calls:
+                if call.name in offered:
+                    response, reward, _ = await self._call_tool(call, agent_data.tools_kwargs, agent_data)
+                    text = response.text or ""
+                    if reward is not None:
+                        agent_data.tool_rewards.append(reward)
+                else:
+                    text = self.dialogue.not_offered
+                message = {"role": "tool", "content": text}
+                if call.tool_call_id is not None:
+                    message["tool_call_id"] = call.tool_call_id
+                agent_data.messages.append(message)
+        agent_data.user_turns += 1
+        schemas = getattr(agent_data, "_active_tool_schemas", self.tool_schemas)
+        merged, mask, logprobs = await self.ct_merge_context_msg(
+            previous,
+            agent_data.messages,
+            agent_data.prompt_ids,
+            agent_data.response_mask,
+            agent_data.response_logprobs or None,
+            tools=schemas,
+        )
+        if len(mask) >= self.response_length:
+            return AgentState.TERMINATED
+        agent_data.prompt_ids, agent_data.response_mask = merged.token_ids, mask
+        if agent_data.response_logprobs:
+            agent_data.response_logprobs = logprobs or []
+        return AgentState.GENERATING
+
+    async def _say(self, agent_data: AgentData, words: str) -> str:
+        """The patient's reply to the doctor's words, from the server's `ask_patient` (the listener tool),
+        which this loop calls whether or not the row offers it to the model."""
+        name = self.dialogue.listener
+        tool = self.tools[name]
+        # a patient hears what the doctor says, not the doctor's <think> block; the words' tail is kept when
+        # they run past what the server takes
+        said = final_segment(words).strip()[-MAX_TEXT:] or "..."
+        create = (agent_data.tools_kwargs.get(name) or {}).get("create_kwargs") or {}
+        instance, _ = await tool.create(create_kwargs=create)
+        try:
+            response, _, _ = await tool.execute(instance, {self.dialogue.said: said}, agent_data=agent_data)
+        finally:
+            await tool.release(instance)
+        return response.text or ""
