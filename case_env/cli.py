@@ -88,6 +88,7 @@ def envs(as_json: bool = typer.Option(False, "--json", help="Print a JSON docume
             "data_sources": list(env.personas.data_sources),
             "agents": list(env.baselines) if isinstance(env, Baselines) else [],
             "parts": [part.__name__ for part in PARTS if isinstance(env, part)],
+            "protocols": list(evaluation_of(env).protocols),
             "default": env.default,
         }
         for env in registry.environments().values()
@@ -101,6 +102,8 @@ def envs(as_json: bool = typer.Option(False, "--json", help="Print a JSON docume
         typer.echo(f"  tools: {', '.join(env['tools'])}")
         typer.echo(f"  scripted agents: {', '.join(env['agents']) or '-'}")
         typer.echo(f"  parts: {', '.join(env['parts']) or '-'}")
+        if env["protocols"]:
+            typer.echo(f"  eval protocols: {', '.join(env['protocols'])} (the first the default)")
     for problem in registry.problems():
         typer.echo(f"problem: {problem}", err=True)
 
@@ -415,6 +418,11 @@ def eval_(
         "--greedy-samples",
         help="Allow --temperature 0 with several independent samples per row (they are then identical).",
     ),
+    protocol: str | None = typer.Option(
+        None,
+        "--protocol",
+        help="The bank environment's evaluation protocol, as `case-env envs` lists them (default: its first).",
+    ),
 ) -> None:
     """Evaluate a policy over a bank against a live server; prints the environment's summary."""
     import httpx
@@ -455,6 +463,7 @@ def eval_(
             seed=seed,
             max_turns=max_turns,
             greedy_samples=greedy_samples,
+            protocol=protocol,
         )
     except (FileNotFoundError, FileExistsError, LookupError, TrajectoryFormatError, ValueError) as exc:
         _fail(str(exc), 2)

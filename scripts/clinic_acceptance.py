@@ -2,7 +2,8 @@
 """The clinic environment's acceptance figures: the scripted clinician against the no-exam clinician, on
 the same synthetic cases without noise, at MedExAgent's training noise rates (patients 0.3, exam results
 0.1) and with every patient noisy and half the exam results (like its all-noise test split), under both
-reward profiles (medexagent, the default, and strict).
+reward profiles (medexagent, the default, and strict); then MedExAgent's two evaluation protocols
+(`--protocol conversation` and `diagnosis`) on the clean cases, with the metrics its evaluation reports.
 
     .venv/bin/python scripts/clinic_acceptance.py --cases 600 --out bench-out/clinic
 
@@ -30,6 +31,17 @@ from case_env.eval.runner import run_eval
 
 LEVELS = {"clean": (0.0, 0.0), "training noise": (0.3, 0.1), "all noise": (1.0, 0.5)}
 AGENTS = ("clinician", "no-exam")
+PROTOCOL_FIGURES = (
+    "reward",
+    "accuracy_strict",
+    "accuracy_lenient",
+    "diagnosis_jaccard",
+    "tool_match",
+    "diagnosis_found",
+    "tool_hallucination_rate",
+    "num_tool_calls",
+    "turns",
+)
 
 
 def main() -> None:
@@ -69,7 +81,11 @@ def main() -> None:
                 for agent in AGENTS:
                     out = args.out / "runs" / f"{name}-{agent}"
                     (out / "trajectories.jsonl").unlink(missing_ok=True)  # a fresh run each time
-                    results = run_eval(bank / "train.parquet", server.url, agent, out, progress=False)
+                    # the `noisy` protocol plays the bank's noise plan and personas (MedExAgent's own
+                    # protocols inject no noise)
+                    results = run_eval(
+                        bank / "train.parquet", server.url, agent, out, progress=False, protocol="noisy"
+                    )
                     figures[f"{profile} / {agent} / {level}"] = {
                         "overall": results["overall"],
                         "by_noise": results["by_noise"],
@@ -81,6 +97,18 @@ def main() -> None:
                         f"{o['accuracy_strict']:.3f} lenient {o['accuracy_lenient']:.3f} tool {o['tool_match']:.3f} "
                         f"cost {o['cost']:.3f} exam$ {o['tool_cost_total']:.2f} exams {o['exams']:.2f} (n={o['n']})"
                     )
+        # MedExAgent's two evaluation protocols on the clean bank of the default profile: our figures and the
+        # metrics its evaluation reports (diagnosis Jaccard = its diagnosis_reward, the ToolRL score = its
+        # tool_call_reward, diagnosis_found, tool_hallucination_rate, num_tool_calls), side by side
+        protocols = {}
+        clean = args.out / "banks" / f"{args.profiles[0]}-clean" / "train.parquet"
+        for protocol in ("conversation", "diagnosis"):
+            for agent in AGENTS:
+                out = args.out / "runs" / f"{protocol}-{agent}"
+                (out / "trajectories.jsonl").unlink(missing_ok=True)
+                o = run_eval(clean, server.url, agent, out, progress=False, protocol=protocol)["overall"]
+                protocols[f"{protocol} / {agent}"] = {k: o[k] for k in PROTOCOL_FIGURES}
+                print(f"{protocol:12s} {agent:10s} " + " ".join(f"{k} {o[k]:.3f}" for k in PROTOCOL_FIGURES))
     write_report(args.out, registry.get("clinic"), runs, [])
     summary = {
         "cases": args.cases,
@@ -90,6 +118,7 @@ def main() -> None:
         "profiles": args.profiles,
         "seconds": round(time.perf_counter() - started, 1),
         "runs": figures,
+        "protocols": protocols,
     }
     (args.out / "acceptance.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(f"wrote {args.out / 'acceptance.json'} and {args.out / 'report.html'}")

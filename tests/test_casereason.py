@@ -300,6 +300,20 @@ def test_submit_diagnosis_on_the_live_server(dataset, tmp_path):
             timeout=10,
         ).json()
         assert imaging["error"]["code"] == "not_available" and "not a case-reasoning case" in imaging["text"]
+        # a context the tool's own environment would refuse is refused first, whoever the patient is (the
+        # request breaks /openapi.json's schema; schemathesis found it answered 200 not_available)
+        broken = httpx.post(
+            f"{server.url}/v1/tools/submit_diagnosis",
+            json={
+                "episode_id": "ep-i3",
+                "patient_id": "case0001",
+                "arguments": {"diagnosis": "x"},
+                "context": {"attempts": "three"},
+            },
+            timeout=10,
+        )
+        assert broken.status_code == 422 and broken.json()["error"]["code"] == "invalid_request"
+        assert "context.attempts" in broken.json()["text"]
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:

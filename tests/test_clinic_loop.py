@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import io
 import json
 import types
@@ -74,15 +75,27 @@ def composed(bank, model_dir):
     return launch.compose(launch.Plan(args, extra).overrides())
 
 
-def one_batch(config, tokenizer, agent_name: str | None = None):
-    from verl import DataProto
-    from verl.utils.dataset.rl_dataset import collate_fn
+@functools.cache
+def _rows(data_config: str, tokenizer):
+    """verl's dataset over the bank under the composed `data` config (as YAML), built once (its prompt-length
+    filter takes seconds); each item read from it is new, so a rollout's reward manager cannot touch another's
+    extra_info."""
+    from omegaconf import OmegaConf
 
     from case_env.verl.dataset import CaseRLHFDataset
 
-    data = CaseRLHFDataset(
-        data_files=[config.data.train_files], tokenizer=tokenizer, config=config.data, processor=None
+    config = OmegaConf.create(data_config)
+    return CaseRLHFDataset(
+        data_files=[config.train_files], tokenizer=tokenizer, config=config, processor=None
     )
+
+
+def one_batch(config, tokenizer, agent_name: str | None = None):
+    from omegaconf import OmegaConf
+    from verl import DataProto
+    from verl.utils.dataset.rl_dataset import collate_fn
+
+    data = _rows(OmegaConf.to_yaml(config.data), tokenizer)
     batch = DataProto.from_single_dict(collate_fn([data[0]]))
     if agent_name is not None:
         batch.non_tensor_batch["agent_name"][:] = agent_name
@@ -164,6 +177,7 @@ def test_the_same_turns_under_verls_tool_agent_end_on_the_greeting(pneumonia, ch
     batch = one_batch(config, _tokenizer(checkpoint), agent_name="tool_agent")
     model, played, _mask, score, turns = asyncio.run(rollout(config, batch, TURNS))
     assert len(model.prompts) == 1 and turns == 2 and not played.extra_fields.get(FIELD)
+    assert "# Tools" in model.prompts[0]  # verl's loop renders the schemas; MedExAgent's does not
     assert score["reward_score"] == 0.0 and score["reward_extra_info"]["pred"] == ""
 
 
@@ -196,7 +210,33 @@ def test_the_loop_stops_asking_at_the_user_turn_limit_but_lets_exams_run_to_the_
     assert not played.extra_fields.get(FIELD) and score["reward_extra_info"]["exams"] == 1
 
 
+@functools.cache
 def _tokenizer(model_dir):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(model_dir)
+
+
+def test_the_preflight_rehearses_a_dialogue_row_through_its_own_loop(pneumonia, checkpoint):
+    """`case-env train preflight`'s chat-template check plays the row through the loop it names: MedExAgent's
+    renders no tool schemas (its prompt lists the exams) and ends on `[DIAGNOSIS: ...]`."""
+    from verl.tools.tool_registry import load_all_tools
+
+    from case_env.verl import model_files
+    from case_env.verl.checks import template_problems
+    from case_env.verl.dataset import offered_tools
+    from case_env.verl.rehearsal import rehearse
+
+    bank, _ = pneumonia
+    config = composed(bank, checkpoint)
+    files = model_files.load(checkpoint)
+    item = one_batch(config, files.tokenizer)
+    row = {k: v[0] for k, v in item.non_tensor_batch.items()}
+    with contextlib.redirect_stdout(io.StringIO()):
+        tools = load_all_tools(tool_config_path=str(bank / "verl_tools.yaml"), function_tool_path=None)
+    tool_schemas = [t.tool_schema.model_dump(exclude_unset=True, exclude_none=True) for t in tools]
+    offered = offered_tools(row, tool_schemas)
+    episode = rehearse(files, config, row, tool_schemas, offered)
+    assert not episode.renders_tools and episode.final.endswith("[DIAGNOSIS: community-acquired pneumonia]")
+    assert episode.executed == [episode.tool] and "# Tools" not in episode.prompt  # no schema block
+    assert template_problems(files, config, row, tool_schemas, offered) == []

@@ -506,3 +506,42 @@ def test_noise_is_assigned_dataset_wide_as_medexagent_assigns_it():
         for r in rows
     ]
     assert sum(bool(t) for t in noisy) == 27
+
+
+def test_every_string_medexagents_parser_reads_loads_and_its_workup_keeps_other(tmp_path):
+    """MedExAgent's RL loader keeps every exam string its `parse_exam_string` reads (`name(key="value", ...)`):
+    values its `normalize_param_value` folds are folded, others and missing required parameters are kept and
+    reported, and `other` stays in the work-up its reward scores."""
+    workup = [
+        ('physical_examination(type="vital signs")', ("physical_examination", {"type": "vital_signs"})),
+        ('culture(source="blood culture")', ("culture", {"source": "blood"})),
+        (
+            'ct(region="Chest", contrast="with contrast")',
+            ("ct", {"region": "chest", "contrast": "with contrast"}),
+        ),
+        ("xray()", ("xray", {})),
+        ('other(description="tilt table test")', ("other", {"description": "tilt table test"})),
+    ]
+    path = tmp_path / "pmc_cases.csv"
+    case = ClinicCase("p", "pmc", "vasovagal syncope", "I fainted twice", "30", "Female")
+    write_csv([case], path)
+    rows = path.read_text().splitlines()
+    header, row = rows[0].split(","), rows[1].split(",")
+    for i, (spelled, _) in enumerate(workup, start=1):
+        row[header.index(f"exam{i}")] = '"' + spelled.replace('"', '""') + '"'
+        row[header.index(f"exam{i}_findings")] = f"finding {i}"
+    path.write_text(",".join(header) + "\n" + ",".join(row) + "\n")
+    loaded = read_csv(path)
+    (case,) = loaded.cases
+    assert [(e.call.name, dict(e.call.params)) for e in case.exams] == [call for _, call in workup]
+    notes = "\n".join(loaded.problems)
+    assert "'vital signs' read as 'vital_signs'" in notes and "xray lacks its required region" in notes
+    assert "'with contrast' is not an allowed value; kept as written" in notes
+    # the reward's work-up is every exam, `other` included, as MedExAgent's executor holds it (as written)
+    pred = [{"name": "ct", "arguments": {"region": "chest", "contrast": "yes"}}]
+    gt = [{"name": n, "arguments": dict(read_exam_string(s)[1])} for s, (n, _) in workup]
+    text = call_text("ct", pred[0]["arguments"]) + "\n[DIAGNOSIS: vasovagal syncope]"
+    score = clinic_score(text, "vasovagal syncope", {"clinic": {"exams": [s for s, _ in workup]}})
+    assert score["exams_necessary"] == 5
+    assert score["tool_match"] == pytest.approx(ref_tool_reward(pred, gt), abs=1e-12)
+    assert score["cost"] == pytest.approx(ref_cost(pred, gt), abs=1e-12)

@@ -224,7 +224,9 @@ def test_a_malformed_context_is_refused_by_name(server, cases_csv, context, prob
     assert reply.status_code == 422 and problem in reply.text and "Traceback" not in reply.text
 
 
-def test_llm_patient_is_cached_falls_back_to_rules_and_never_sees_the_answer(dataset, cases_csv, tmp_path):
+def test_llm_patient_samples_afresh_falls_back_to_rules_and_never_sees_the_answer(
+    dataset, cases_csv, tmp_path
+):
     case = read_csv(cases_csv).cases[0]
     chat = ScriptedChat(lambda messages: "Oh, it's my chest, doctor. It hurts.")
     with (
@@ -242,12 +244,15 @@ def test_llm_patient_is_cached_falls_back_to_rules_and_never_sees_the_answer(dat
             server, "ask_patient", case.case_id, "ep-llm-2", question, {"noise": {"seed": 1}}
         ).json()
         assert first["text"] == second["text"] == "Oh, it's my chest, doctor. It hurts."
-        assert len(chat.requests) <= 1  # the server's response cache or the LLM cache answered the second
+        # MedExAgent's patient samples every reply afresh: neither the server's response cache nor the LLM
+        # cache answers the second
+        assert len(chat.requests) == 2
         sent = chat.requests[0]
         assert sent["temperature"] == 0.7 and sent["messages"][-1] == {  # MedExAgent's patient temperature
             "role": "user",
             "content": "What brings you in?",
         }
+        assert sent["max_tokens"] == 2048  # its interaction's budget
         prompt = sent["messages"][0]["content"]
         assert case.symptoms.split(".")[0] in prompt
         assert case.diagnosis not in prompt.lower() and all(e.findings not in prompt for e in case.exams)
@@ -255,6 +260,31 @@ def test_llm_patient_is_cached_falls_back_to_rules_and_never_sees_the_answer(dat
         history = [{"question": "What brings you in?", "answer": first["text"]}]
         post(server, "ask_patient", case.case_id, "ep-llm", {"question": "Since when?"}, {"history": history})
         assert [m["role"] for m in chat.requests[-1]["messages"]] == ["system", "user", "assistant", "user"]
+        # it hears of every exam ordered (never its findings), where it was ordered
+        ordered = {
+            "history": [{**history[0], "ordered": ["CT scan (region chest, contrast yes)"]}],
+            "ordered": ["complete blood count"],
+        }
+        post(server, "ask_patient", case.case_id, "ep-llm", {"question": "Any pain?"}, ordered)
+        sent = chat.requests[-1]["messages"]
+        assert [m["role"] for m in sent] == ["system", "user", "user", "assistant", "user", "user"]
+        assert sent[1]["content"] == (
+            "[The doctor has ordered CT scan (region chest, contrast yes). The results have been received.]"
+        )
+        assert "complete blood count" in sent[4]["content"] and sent[5]["content"] == "Any pain?"
+    kept = ScriptedChat(lambda messages: "It started on Monday.")
+    with (
+        serve_app(kept.app) as llm,
+        env(
+            CASE_ENV_CLINIC_CASES=cases_csv,
+            CASE_ENV_CLINIC_PATIENT_URL=f"{llm.url}/v1",
+            CASE_ENV_CLINIC_PATIENT_CACHE_REPLIES="1",
+        ),
+        live_server(dataset, tmp_path / "kept") as server,
+    ):
+        for episode in ("ep-k1", "ep-k2"):
+            post(server, "ask_patient", case.case_id, episode, {"question": "Since when?"})
+        assert len(kept.requests) == 1  # the option: one reply per conversation, shared by the group
     slow = ScriptedChat(lambda messages: "too late", delay_s=3.0)
     with (
         serve_app(slow.app) as llm,
@@ -429,6 +459,8 @@ def test_eval_acceptance_scripted_clinician_beats_no_exam_and_noise_costs_accura
                     agent,
                     "--out",
                     str(out),
+                    "--protocol",  # the banks' noise plans and personas (MedExAgent's protocols inject none)
+                    "noisy",
                 )
                 assert re.search(r"overall\s+150\s", printed)
                 results[bank, agent] = json.loads((out / "results.json").read_text())

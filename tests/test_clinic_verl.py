@@ -64,7 +64,16 @@ def test_clinic_rows_through_verl_tool_agent_loop_and_reward_manager(clinic, mon
 
     outputs, models, scores = asyncio.run(play(items, tools, len(items)))
     # the same cases through the eval runner
-    run_eval(bank / "train.parquet", server.url, "clinician", tmp_path, limit=len(items), progress=False)
+    # the `noisy` protocol plays the bank's noise and personas, as training does
+    run_eval(
+        bank / "train.parquet",
+        server.url,
+        "clinician",
+        tmp_path,
+        limit=len(items),
+        progress=False,
+        protocol="noisy",
+    )
     records = [json.loads(line) for line in (tmp_path / "trajectories.jsonl").read_text().splitlines()]
     by_key = {r["patient_id"]: r for r in records}
     correct = 0

@@ -18,7 +18,7 @@ first calls the method.
 | `Faults` | model-fault codes of its own beside the shared ones (`ErrorCode`) | /openapi.json, tests |
 | `HeldContext` | a context the server rebuilds from its own record of the episode | the tool route |
 | `Benchmarks` | call mixes the shared load generator plays | `case-env bench ...` |
-| `Recipes` | training recipes (verl overrides) | `train run`, `train preflight` |
+| `Recipes` | training recipes (verl overrides) and supervised stages | `train run`, `train preflight`, `train_sft.sh` |
 | `AgentLoops` | verl agent loops of its own, named by its rows' `agent_name` | `train run`, `train preflight` |
 | `Dialogue` | episodes as conversations: plain text said to someone the server plays | `eval`, its agent loops |
 | `Commands` | its own commands | the command line |
@@ -56,6 +56,9 @@ class Variant:
     tools: bool = True  # offer the row's tools
     max_turns: int | None = None  # another turn budget than the environment's
     sample: int | None = None  # one of several independent samples of the row: which one
+    # in a row whose loop is a dialogue (`Dialogue`): plain text goes to the listener; False: it ends the
+    # episode (a protocol that plays a recorded conversation's end, with no one left to answer)
+    speak: bool = True
 
 
 @dataclass
@@ -205,7 +208,10 @@ class Evaluation(ABC):
     # the samples of a row differ. Every other rollout is greedy unless the user says otherwise.
     sample_temperature: ClassVar[float] = 0.6
 
-    def variants(self, item: Item) -> list[Variant]:
+    # Named ways to evaluate a row (`case-env eval --protocol`), the first the default; none: one way.
+    protocols: ClassVar[tuple[str, ...]] = ()
+
+    def variants(self, item: Item, protocol: str = "") -> list[Variant]:
         return [Variant()]
 
     def record_fields(self, item: Item) -> dict[str, Any]:
@@ -284,10 +290,24 @@ class Recipe:
     updates_per_step: int = 4  # PPO mini-batches per step: ppo_mini_batch_size = batch size / this
 
 
+@dataclass(frozen=True)
+class SFTRecipe:
+    """A supervised stage before RL on verl's SFT trainer: its overrides of verl's `sft_trainer_engine`, the
+    sequences each GPU takes per optimizer step (micro-batches times accumulation), and how a conversation's
+    tool calls are written."""
+
+    overrides: Mapping[str, str]
+    sequences_per_gpu: int
+    summary: str
+    tools_as_text: bool = True  # calls as <tool_call> text, results as user turns, no tool schemas
+
+
 class Recipes:
-    """Training recipes of its own beside the base one (`case-env train run --recipe NAME`)."""
+    """Training recipes of its own beside the base one (`case-env train run --recipe NAME`), and supervised
+    stages (`scripts/train_sft.sh --recipe NAME`)."""
 
     recipes: ClassVar[Mapping[str, Recipe]] = {}
+    sft_recipes: ClassVar[Mapping[str, SFTRecipe]] = {}
 
 
 class AgentLoops:
@@ -307,6 +327,7 @@ class Dialogue(ABC):
     said: ClassVar[str]
     # what a call of a tool the row does not offer gets back (the server is not called)
     not_offered: ClassVar[str] = "This tool is not available."
+    closing: ClassVar[str]  # a final turn's answer in the environment's own form (rehearsals end with it)
 
     @abstractmethod
     def ends(self, text: str) -> bool: ...

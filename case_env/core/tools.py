@@ -93,6 +93,8 @@ class ToolImage:
 class ToolResult:
     text: str
     images: tuple[ToolImage, ...] = ()
+    # a sample (a language model asked afresh), not a function of the call: never cached nor shared
+    sampled: bool = False
 
 
 @dataclass

@@ -63,8 +63,8 @@ def _check_row(row: dict, tool_names: set[str]) -> list[str]:
             env = registry.for_row(str(row.get("data_source", "")), extra)
         except registry.RegistryError as exc:
             error = f"extra_info.env: {exc}"
-    # an environment's own agent loop (MedExAgent's) may open with a system message alone: its doctor speaks
-    # first; verl's stock loops generate an answer to the user's message
+    # an environment's own agent loop may open with a system message alone (a consultation: the doctor speaks
+    # first); verl's stock loops generate an answer to the user's message
     own = env.agent_loops if isinstance(env, AgentLoops) else {}
     if (
         not isinstance(prompt, list)

@@ -4,7 +4,9 @@ environment's rows.
 The conversation starts from the row's prompt; the model sees only the row's tool subset (none, for a
 single-turn row). Tool text goes back as a `tool` message; every call of a turn is handed to the loop, which
 runs the first (verl's tool_agent) or all (a dialogue loop); a call it did not run is told so. In a dialogue,
-the reply to a turn of plain text comes back as a user message. Images go back as a user message with an image
+the reply to a turn of plain text comes back as a user message. Calls a model writes in its text (served
+without a tool parser) are read from it, and their results go back as one user turn of `<tool_response>`
+blocks, as such a model was trained to read them. Images go back as a user message with an image
 part right after it, because the chat format allows text only in tool messages and vLLM and the hosted APIs
 follow it. A tool call whose arguments are not valid JSON gets an error reply and the model may try again;
 the server is not called. The episode ends as the loop says (verl's tool_agent: at the first reply without a
@@ -22,6 +24,7 @@ import base64
 import json
 from dataclasses import dataclass
 
+from case_env.core.calls import TOOL_CALL, written_calls
 from case_env.core.policy import Observation, Turn
 
 
@@ -40,6 +43,7 @@ class ModelSettings:
 REASONING_FIELDS = ("reasoning_content", "reasoning")
 # what a call gets back that the loop did not run (verl's tool_agent runs the first call of a turn)
 NOT_RUN = "Error: not run; one call per turn runs."
+WRITTEN = "<written>"  # the pending calls were written in the message text, not returned as tool calls
 
 
 def reasoning_of(message) -> str:
@@ -78,7 +82,10 @@ class OpenAIPolicy:
     def next_turn(self, observations: list[Observation]) -> Turn:
         new = observations[self._sent :]
         self._sent = len(observations)
-        if self._pending:
+        if self._pending == [WRITTEN]:  # calls written in the text: their results in one user turn
+            blocks = [f"<tool_response>\n{output.text}\n</tool_response>" for output in new]
+            self.messages.append({"role": "user", "content": "\n".join(blocks)})
+        elif self._pending:
             for call_id, output in zip(self._pending, new, strict=False):
                 self._send_back(call_id, output)
             for call_id in self._pending[len(new) :]:  # the chat format needs a reply to every call
@@ -114,7 +121,14 @@ class OpenAIPolicy:
                 }
             )
             if not calls:
-                return Turn(content, reasoning=reasoning)
+                written = written_calls(content)
+                if not written:
+                    return Turn(content, reasoning=reasoning)
+                # a model served without a tool parser writes its calls as text (MedExAgent-8B's hermes
+                # blocks), as its own evaluation reads them (`parse_tool_call_tag_from_output`)
+                self._pending = [WRITTEN]
+                words = TOOL_CALL.sub("", content).strip()  # the turn writes its calls back itself
+                return Turn(words, written[0], reasoning, tuple(written[1:]))
             ready, broken = [], []
             for call in calls:  # the loop decides how many run (verl's tool_agent: the first)
                 try:

@@ -17,7 +17,7 @@ import io
 import json
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from PIL import Image
@@ -105,6 +105,17 @@ def check_sampling(env: Environment, items: list[Item], model: ModelSettings | N
         )
 
 
+def chosen_protocol(env: Environment, protocol: str | None) -> str:
+    """The protocol asked for, else the environment's first; a name it does not have is refused."""
+    protocols = evaluation_of(env).protocols
+    if protocol is None:
+        return protocols[0] if protocols else ""
+    if protocol not in protocols:
+        have = f"choose one of {', '.join(protocols)}" if protocols else "it has only one"
+        raise ValueError(f"the {env.title} evaluation has no protocol {protocol!r}: {have}")
+    return protocol
+
+
 def _policies(
     env: Environment, agent: str, bank: Path, seed: int, model: ModelSettings | None, max_turns: int
 ):
@@ -168,7 +179,8 @@ class _Rollouts:
         create = _create_kwargs(item, variant)
         patient = item.extra["patient_id"]
         episode_id = f"eval-{uuid.uuid4().hex}"
-        listener = self.listener(item)
+        dialogue = self.listener(item)  # every call of a turn runs, and the environment says when it ends
+        listener = dialogue if variant.speak else None  # and plain text is answered
         steps: list[Step] = []
         seen: list[Observation] = []
         calls: list[ExecutedCall] = []
@@ -177,22 +189,22 @@ class _Rollouts:
             turn = await loop.run_in_executor(self.pool, policy.next_turn, list(seen))
             step = Step(turn)
             steps.append(step)
-            if listener is None and turn.final:
+            if dialogue is not None and self.env.ends(turn.text):
                 break
-            if listener is not None and self.env.ends(turn.text):
+            if turn.final and listener is None:
                 break
-            if listener is not None and not turn.calls:
+            if turn.final:
                 step.said = True
                 moves = [(listener[0], {listener[1]: turn.text})]
             else:
-                moves = turn.calls if listener is not None else turn.calls[:1]  # tool_agent runs one call
+                moves = turn.calls if dialogue is not None else turn.calls[:1]  # tool_agent runs one call
             for name, arguments in moves:
                 if tools and name not in offered and not step.said:
                     # a tool the row does not offer is refused before any call: in verl's words under
-                    # tool_agent, in the dialogue loop's (MedExAgent's) under its own loop
+                    # tool_agent, in the environment's words under its own dialogue loop
                     refusal = (
                         self.env.not_offered
-                        if listener is not None
+                        if dialogue is not None
                         else f"Unknown function '{name}'. Available tools: {sorted(offered)}"
                     )
                     step.observations.append(Observation(name, arguments, refusal, None, None, False))
@@ -205,9 +217,10 @@ class _Rollouts:
         score = self.env.score(transcript(steps), item.ground_truth, extra).flat()
         turns = [s.turn for s in steps]
         messages = getattr(policy, "messages", None)
-        if messages is None and listener is not None:
+        if messages is None and dialogue is not None:
             messages = dialogue_messages(variant.prompt or item.prompt, steps)
-        return trajectory.Episode(item.prompt, turns, seen, calls, score, tools, messages)
+        prompt = variant.prompt or item.prompt
+        return trajectory.Episode(prompt, turns, seen, calls, score, tools, messages)
 
     async def _call(
         self, name: str, arguments: dict, episode_id: str, patient: str, create: dict, calls: list
@@ -293,6 +306,7 @@ def run_eval(
     progress: bool = True,
     max_turns: int | None = None,
     greedy_samples: bool = False,
+    protocol: str | None = None,
 ) -> dict:
     """Roll every row of the bank out `repeats` times (each of its environment's variants); the figures are
     means over all rollouts, so a stochastic agent's figure averages `repeats` draws per row."""
@@ -303,6 +317,7 @@ def run_eval(
     env = bank_environment(items)
     check_sampling(env, items, model, greedy_samples)
     evaluation = evaluation_of(env)
+    protocol = chosen_protocol(env, protocol)
     budget = max_turns or evaluation.max_turns
     make_policy = _policies(env, agent, bank, seed, model, budget)
     out.mkdir(parents=True, exist_ok=True)
@@ -315,7 +330,7 @@ def run_eval(
         (item, variant, repeat)
         for item in items
         for repeat in range(repeats)
-        for variant in evaluation.variants(item)
+        for variant in evaluation.variants(item, protocol)
     ]
     keys = {trajectory.rollout_id(item, repeat, variant.name) for item, variant, repeat in rollouts}
     todo = [r for r in rollouts if trajectory.rollout_id(r[0], r[2], r[1].name) not in done]
@@ -341,6 +356,7 @@ def run_eval(
         "agent": agent,
         "bank": str(bank),
         "server_version": server_version,
+        **({"protocol": protocol} if protocol else {}),
         "sampling": sampling_settings(env, items, agent, model, repeats, seed),
         **evaluation.summarise(records),
     }
@@ -375,9 +391,9 @@ async def _run(
                         pool, make_policy, item, variant, tools, repeat
                     )
                     episode = await runner.play(item, variant, policy, tools)
-                record = trajectory.to_record(
-                    item, env.name, episode, out, repeat, variant.name, evaluation_of(env).record_fields(item)
-                )
+                seen_as = replace(item, extra={**item.extra, **variant.extra})  # what the reward saw
+                fields = evaluation_of(env).record_fields(seen_as)
+                record = trajectory.to_record(item, env.name, episode, out, repeat, variant.name, fields)
                 with path.open("a", encoding="utf-8") as handle:
                     handle.write(json.dumps(record, ensure_ascii=False) + "\n")
                 bar.update()

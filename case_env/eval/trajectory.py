@@ -90,7 +90,7 @@ def to_record(
         "reward": score["score"],
         "format_ok": bool(score["format_ok"]),
         "tool_calls": len(episode.observations),
-        "turns": len(episode.observations) + (1 if episode.final else 0),
+        "turns": len(episode.turns),  # assistant turns (a turn may hold several calls, or none)
         "infra_errors": sum(c.infra_error for c in episode.calls),
         "score": score,
         **(fields or {}),

@@ -196,7 +196,10 @@ class Verdict:
 # were checked on is in tests/test_clinic_reward.py). The prediction is fenced in the judge's prompt anyway.
 _INJECTION = re.compile(
     r"\b(ignore|disregard|instructions?|assistant|prompt|judge|grader|verdict|json|you are|you must|"
-    r"prediction|gt_count|pred_count|matched)\b|[{}<>`=]",
+    r"prediction|gt_count|pred_count|matched)\b"
+    r"|\b(system|user|developer)\s*:"  # a role's turn, "System: ..."
+    r"|\b(reply|answer|respond|output|say|return)\s+(with\s+)?[\"']?(yes|no|true|false|correct)\b"  # orders
+    r"|[{}<>`=]",
     re.IGNORECASE,
 )
 FENCE = ("<<<PREDICTION", "PREDICTION>>>")

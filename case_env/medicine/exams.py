@@ -424,14 +424,67 @@ def recorded_exam(spelled: str, findings: str) -> RecordedExam:
     return RecordedExam(parse_exam_string(spelled), findings, spelled.strip())
 
 
+def fold_value(name: str, parameter: str, value: str) -> str | None:
+    """A recorded value in its allowed form, as MedExAgent's `normalize_param_value` (`data/tool.py`) folds it:
+    lower case with "-" and " " as "_", then an allowed value it contains, then one that contains it (its
+    alias table is not reproduced); None when none fits."""
+    allowed = EXAMS[name].allowed(parameter) if name in EXAMS else None
+    if allowed is None:
+        return None
+    folded = value.strip().lower().replace("-", "_").replace(" ", "_")
+    if folded in allowed:
+        return folded
+    return next((v for v in allowed if v in folded), None) or next((v for v in allowed if folded in v), None)
+
+
+def loaded_exam(spelled: str, findings: str) -> tuple[RecordedExam, list[str]]:
+    """A work-up exam as MedExAgent's RL loader keeps it: every string its `parse_exam_string` reads, values
+    folded where they fold (`fold_value`), others kept as written (lower-cased, as its executor compares them),
+    a missing required parameter left missing; with a note for each such liberty. An unknown exam name raises
+    ExamError: no tool could be offered for it."""
+    try:
+        return recorded_exam(spelled, findings), []
+    except ExamError:
+        pass
+    name, arguments = read_exam_string(spelled)
+    name = _normal(name)
+    exam = EXAMS.get(name)
+    if exam is None:
+        raise ExamError(f"unknown exam {name!r}")
+    notes, params = [], {}
+    for parameter, value in arguments.items():
+        if parameter not in exam.parameters:
+            notes.append(f"{name} does not take {parameter}; kept as written")
+        folded = fold_value(name, parameter, value)
+        if folded is not None and folded != _normal(value):
+            notes.append(f"{name} {parameter} {value!r} read as {folded!r}")
+        elif folded is None and exam.allowed(parameter) is not None:
+            notes.append(f"{name} {parameter} {value!r} is not an allowed value; kept as written")
+        params[parameter] = folded or _normal(value)
+    notes += [f"{name} lacks its required {p}; kept without it" for p in exam.required if p not in params]
+    return RecordedExam(ExamCall(name, tuple(sorted(params.items()))), findings, spelled.strip()), notes
+
+
 def format_findings(call: ExamCall, findings: str) -> str:
     """The result sentence MedExAgent's executor answers with (its `format_findings`)."""
+    return findings_sentence(call.name, dict(call.params), findings)
+
+
+def findings_sentence(name: str, arguments: dict, findings: str) -> str:
+    """MedExAgent's `format_findings` on a call as written: its template filled from the arguments."""
+    exam = EXAMS.get(name)
+    template = exam.template if exam is not None else "The {exam_name} results: {findings}"
     try:
-        return call.exam.template.format_map(
-            {**dict(call.params), "findings": findings, "exam_name": call.name}
-        )
+        return template.format_map({**arguments, "findings": findings, "exam_name": name})
     except KeyError:
-        return f"The {call.name} results: {findings}"
+        return f"The {name} results: {findings}"
+
+
+def raw_findings(name: str, arguments: dict, text: str) -> str:
+    """The findings inside a result sentence `findings_sentence` wrote (MedExAgent's conversation files hold
+    tool messages in that form), or the text itself when it is not one."""
+    opening = findings_sentence(name, arguments, "")
+    return text[len(opening) :].strip() if opening and text.startswith(opening) else text
 
 
 def expressible() -> list[str]:

@@ -63,8 +63,18 @@ def _overlap(phrase: str, words: set[str]) -> float:
 
 
 def _patient_facts(prompt: str) -> tuple[str, int | None]:
-    sex = "F" if re.search(r"\bfemale\b", prompt) else "M" if re.search(r"\bmale\b", prompt) else ""
-    age = re.search(r"(\d+) years old", prompt)
+    """Sex and age as a prompt states them: in words ("54 years old, male") or in MedExAgent's demographic
+    lines ("Age: 54 years", "Gender: M")."""
+    gender = re.search(r"^Gender:\s*(\w+)", prompt, re.M | re.I)
+    said = gender.group(1).lower() if gender else ""
+    sex = (
+        "F"
+        if said in ("f", "female") or re.search(r"\bfemale\b", prompt)
+        else "M"
+        if said in ("m", "male") or re.search(r"\bmale\b", prompt)
+        else ""
+    )
+    age = re.search(r"(\d+) years old", prompt) or re.search(r"^Age:\s*(\d+)", prompt, re.M | re.I)
     return sex, int(age.group(1)) if age else None
 
 

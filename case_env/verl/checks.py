@@ -29,7 +29,7 @@ from case_env.server.control import is_loopback
 from case_env.verl.cluster import NodeReport
 from case_env.verl.dataset import offered_tools
 from case_env.verl.model_files import ModelFiles
-from case_env.verl.rehearsal import FINAL, TOOL_OUTPUT, rehearse
+from case_env.verl.rehearsal import TOOL_OUTPUT, rehearse
 
 PASS, FAIL, UNVERIFIED, SKIPPED = "pass", "FAIL", "unverified", "skipped"
 # what makes the template's prompt teach a parser's call form (verl's hermes and qwen3_coder parsers)
@@ -52,15 +52,20 @@ def template_problems(
     episode = rehearse(files, config, item, schemas, offered)
     plain = files.renderer.apply_chat_template(item["raw_prompt"], add_generation_prompt=True, tokenize=False)
     problems = []
-    hidden = [
-        s["function"]["name"]
-        for s in offered
-        if episode.prompt.count(s["function"]["name"]) <= plain.count(s["function"]["name"])
-    ]
-    if hidden:
-        problems.append(
-            f"renders no tool schemas ({len(hidden)} of {len(offered)} offered tools, e.g. {hidden[0]})"
-        )
+    if episode.renders_tools:
+        hidden = [
+            s["function"]["name"]
+            for s in offered
+            if episode.prompt.count(s["function"]["name"]) <= plain.count(s["function"]["name"])
+        ]
+        if hidden:
+            problems.append(
+                f"renders no tool schemas ({len(hidden)} of {len(offered)} offered tools, e.g. {hidden[0]})"
+            )
+    else:  # the row's loop lists its tools in the prompt itself (MedExAgent's does)
+        unnamed = [s["function"]["name"] for s in offered if s["function"]["name"] not in episode.prompt]
+        if unnamed:
+            problems.append(f"shows no {unnamed[0]} ({len(unnamed)} of {len(offered)} offered tools unnamed)")
     needed, refused = CALL_MARKERS[form]
     if needed not in episode.prompt or (refused is not None and refused in episode.prompt):
         problems.append(f"does not teach the {form} call form ({needed} in the tool instructions)")
@@ -69,7 +74,7 @@ def template_problems(
     if "<tool_response>" not in episode.response or "</tool_response>" not in episode.response:
         problems.append("renders a tool's answer without <tool_response> markers")
     tail = final_segment(episode.response)
-    if TOOL_OUTPUT in tail or FINAL.splitlines()[-1] not in tail:
+    if TOOL_OUTPUT in tail or episode.final.splitlines()[-1] not in tail:
         problems.append("leaves the reward reading tool output as the model's answer")
     if files.processor is not None and episode.image_pads == 0:
         problems.append("drops the tool's image (no image placeholder reached the model)")

@@ -1,4 +1,5 @@
-"""One bank row through verl's real ToolAgentLoop with the model's own tokenizer and template, no GPU.
+"""One bank row through the verl agent loop it names (verl's ToolAgentLoop, or an environment's own) with the
+model's own tokenizer and template, no GPU.
 
 What a model sees and what the reward reads depend on the chat template, not on case-env: a template without
 a tool block never shows the tools, and one that renders tool results without `<tool_response>` markers
@@ -21,14 +22,15 @@ from uuid import uuid4
 
 from PIL import Image
 from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
-from verl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop
 from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
+from case_env.core import registry
 from case_env.core.calls import call_text
+from case_env.core.parts import Dialogue
 from case_env.verl.dataset import CaseRLHFDataset
 from case_env.verl.model_files import ModelFiles
-from case_env.verl.offline import ScriptedModel
+from case_env.verl.offline import ScriptedModel, loop_class
 
 TOOL_OUTPUT = "TOOL-OUTPUT-7f3a: the stand-in tool's answer"
 FINAL = "The evidence is in.\n<answer>B</answer>"
@@ -44,6 +46,8 @@ class Episode:
     response: str  # the response as the reward manager decodes it (skip_special_tokens=True)
     image_pads: int  # image placeholder tokens in the second prompt
     executed: list[str] = field(default_factory=list)  # the stand-in tools that ran
+    final: str = FINAL  # the final turn the rehearsal wrote
+    renders_tools: bool = True  # the row's loop hands the tool schemas to the template
 
 
 class StandIn(BaseTool):
@@ -91,9 +95,13 @@ async def _rehearse(files: ModelFiles, config: Any, item: dict, schemas: list[di
         tools = [StandIn(schema, vision, executed) for schema in schemas]
     call = offered[0]
     form = config.actor_rollout_ref.rollout.multi_turn.format
-    turns = [call_text(call["function"]["name"], arguments_for(call), form), FINAL]
+    agent = str(item.get("agent_name") or "tool_agent")
+    env = registry.for_row(item["data_source"], item["extra_info"])
+    # a loop of the environment's own ends on its own form (a dialogue answers plain text, <answer> included)
+    final = f"{FINAL}\n{env.closing}" if isinstance(env, Dialogue) and agent != "tool_agent" else FINAL
+    turns = [call_text(call["function"]["name"], arguments_for(call), form), final]
     model = ScriptedModel(files.tokenizer, lambda text, images, turn: turns[min(turn, len(turns) - 1)])
-    loop = ToolAgentLoop(
+    loop = loop_class(agent)(
         trainer_config=DictConfigWrap(config),
         server_manager=model,
         tokenizer=files.tokenizer,
@@ -117,4 +125,6 @@ async def _rehearse(files: ModelFiles, config: Any, item: dict, schemas: list[di
         response=files.tokenizer.decode(out.response_ids, skip_special_tokens=True),
         image_pads=model.image_pads[1] if len(model.image_pads) > 1 else 0,
         executed=executed,
+        final=final,
+        renders_tools=getattr(loop, "render_tools", True),
     )

@@ -22,5 +22,6 @@ def ask_patient(
     """
     case = ctx.case()
     plan = plan_noise(case, ctx.episode.noise)
-    patient = ctx.cases.patient(case, plan)
-    return ToolResult(patient.answer(question.strip(), ctx.episode.history, ctx.episode.ordered))
+    patient = ctx.cases.patient(case, plan, ctx.episode.persona)
+    answer = patient.answer(question.strip(), ctx.episode.history, ctx.episode.ordered)
+    return ToolResult(answer, sampled=patient.sampled)

@@ -141,7 +141,7 @@ class CaseReasonEnvironment(Environment, TextCases, Banks, Synthesis, Baselines,
         echo(f"wrote {len(rows)} case-reasoning cases (seed {options.seed}) to {path}")
 
     # -- evaluation -----------------------------------------------------------------------------------
-    def variants(self, item: Item) -> list[Variant]:
+    def variants(self, item: Item, protocol: str = "") -> list[Variant]:
         return evaluation.variants(item)
 
     def policy_factory(self, agent: str, bank: Path, seed: int) -> PolicyFactory:

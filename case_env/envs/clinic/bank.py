@@ -24,6 +24,7 @@ Rows follow the common schema (`case_env.core.bank`: `agent_name` tool_agent, ev
 
 from __future__ import annotations
 
+import json
 import random
 from typing import Any, Literal
 
@@ -34,14 +35,15 @@ from case_env.core.tools import schema_version
 from case_env.envs.clinic import medexagent_noise
 from case_env.envs.clinic.cases import ClinicCase
 from case_env.envs.clinic.noise import NoiseConfig, plan_noise
-from case_env.envs.clinic.reward import RewardWeights
-from case_env.medicine.exams import EXAMS, NOT_OFFERED, tool_text
+from case_env.envs.clinic.reward import DIAGNOSIS_TAG, RewardWeights
+from case_env.medicine.exams import EXAMS, NOT_OFFERED, findings_sentence, read_exam_string, tool_text
 
 ABILITY = "clinic_diagnosis"
 Interface = Literal["exam_tools", "order_exam"]
 PatientChannel = Literal["dialogue", "ask_patient"]
 ASK = "ask_patient"
 LOOP = "medexagent"  # the agent loop a dialogue row names (case_env.envs.clinic.agent_loop)
+ASK_LOOP = "tool_agent"  # verl's stock loop, for rows whose patient is a tool
 
 
 class ClinicExtra(ExtraInfo):
@@ -188,8 +190,14 @@ def to_row(
     patient: PatientChannel = "dialogue",
 ) -> BankRow:
     plan = plan_noise(case, noise)
-    spelled = [e.spelled or e.call.key() for e in case.exams]
+    # what MedExAgent scores against: its exam map for a case table or parquet, the gold calls for an eval file
+    spelled = list(case.gold) or [e.spelled or e.call.key() for e in case.exams]
     exams = [t for t in selection if t in EXAMS]
+    if patient == ASK:
+        system = ask_patient_prompt(case, persona, exams, interface)
+        prompt = [Message(role="system", content=system), Message(role="user", content=user_message(case))]
+    else:
+        prompt = [Message(role="system", content=medexagent_prompt(case, exams, interface))]
     extra = ClinicExtra.for_case(
         persona,
         case.case_id,
@@ -210,20 +218,55 @@ def to_row(
             "interface": interface,
             "patient": patient,
             "reward": weights.model_dump(),
+            "prefix": diagnosis_prefix(case, [m.model_dump() for m in prompt]),
         },
         noise=plan.metadata(case),
     )
-    if patient == ASK:
-        prompt = ask_patient_prompt(case, persona, exams, interface)
-        return BankRow.chat(case.data_source, prompt, user_message(case), ABILITY, extra)
     return BankRow(
         data_source=case.data_source,
-        prompt=[Message(role="system", content=medexagent_prompt(case, exams, interface))],
+        prompt=prompt,
         ability=ABILITY,
         extra_info=extra,
-        agent_name=LOOP,
+        agent_name=ASK_LOOP if patient == ASK else LOOP,
         reward_model=RewardSpec(ground_truth=case.diagnosis),
     )
+
+
+GREETING = "Hello, what brings you in today?"
+
+
+def diagnosis_prefix(case: ClinicCase, prompt: list[dict]) -> list[dict]:
+    """What MedExAgent's diagnosis protocol gives the model before it diagnoses (`evaluation/data.py`
+    `prepare_diagnosis_eval_samples`): the case's recorded conversation cut before its last turn that names a
+    diagnosis; a case without one (a case table's row) gets the consultation its record implies, clean: the
+    row's prompt, a greeting, the patient's complaint as recorded, and each exam of the work-up called and
+    answered in MedExAgent's result sentence."""
+    said = [
+        i
+        for i, m in enumerate(case.conversation)
+        if m.get("role") == "assistant" and DIAGNOSIS_TAG.search(str(m.get("content") or ""))
+    ]
+    if said and said[-1] > 0:
+        return [dict(m) for m in case.conversation[: said[-1]]]
+    messages = [
+        *prompt,
+        {"role": "assistant", "content": GREETING},
+        {"role": "user", "content": case.symptoms},
+    ]
+    for n, exam in enumerate(case.exams):
+        call_id = f"gold_{n}"
+        arguments = read_exam_string(exam.spelled)[1] if exam.spelled else dict(exam.call.params)
+        function = {"name": exam.call.name, "arguments": json.dumps(arguments)}
+        messages.append(
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [{"id": call_id, "type": "function", "function": function}],
+            }
+        )
+        sentence = findings_sentence(exam.call.name, arguments, exam.findings)
+        messages.append({"role": "tool", "tool_call_id": call_id, "content": sentence})
+    return messages
 
 
 def build(

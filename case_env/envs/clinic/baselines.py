@@ -15,6 +15,7 @@ through verl's ToolAgentLoop.
 
 from __future__ import annotations
 
+import json
 import re
 
 from case_env.core.policy import Observation, Turn
@@ -46,6 +47,7 @@ class Clinician:
         # MedExAgent's prompt has the doctor talk to the patient in plain text; the ask_patient channel's
         # prompt asks for the tool
         self.speaks = "call ask_patient" not in prompt
+        self.questions = QUESTIONS
         self.offered = set(re.findall(r"^- Name: (\w+)$", prompt, re.M))
 
     def _exam(self, move: Observation) -> str | None:
@@ -66,8 +68,8 @@ class Clinician:
 
     def next_turn(self, done: list[Observation]) -> Turn:
         asked = [m for m in done if m.tool == "ask_patient"]
-        if len(asked) < len(QUESTIONS) and not any("everything" in m.text for m in asked):
-            question = QUESTIONS[len(asked)]
+        if len(asked) < len(self.questions) and not any("everything" in m.text for m in asked):
+            question = self.questions[len(asked)]
             return Turn(question) if self.speaks else Turn(call=("ask_patient", {"question": question}))
         answers = " ".join(m.text for m in asked)
         belief = symptom_scores(self.prompt, answers)
@@ -93,9 +95,44 @@ class Clinician:
         return self.single_tool or parse_exam_string(key).name in self.offered
 
 
-def make_clinician(name: str, prompt: str) -> Clinician:
-    if name == "clinician":
-        return Clinician(prompt)
-    if name == "no-exam":
-        return Clinician(prompt, max_exams=0)
-    raise ValueError(f"unknown clinic agent {name!r}; choose clinician, no-exam or openai")
+class Continuing:
+    """A clinician taking over a recorded consultation (MedExAgent's diagnosis protocol): what the record's
+    questions and exams got back counts as its own, and it asks nothing more."""
+
+    def __init__(self, clinician: Clinician, prefix: list[dict]):
+        self.clinician = clinician
+        self.before = recorded_observations(prefix)
+        clinician.questions = ()
+
+    def next_turn(self, done: list[Observation]) -> Turn:
+        return self.clinician.next_turn(self.before + done)
+
+
+def recorded_observations(messages: list[dict]) -> list[Observation]:
+    """A recorded consultation as a clinician's observations: each tool call with its answer, and each of
+    the patient's replies as the answer to the doctor's words before it."""
+    out: list[Observation] = []
+    calls: dict[str, tuple[str, dict]] = {}
+    said = ""
+    for message in messages:
+        role, text = message.get("role"), str(message.get("content") or "")
+        for call in message.get("tool_calls") or []:
+            function = call.get("function") or {}
+            arguments = function.get("arguments") or "{}"
+            parsed = json.loads(arguments) if isinstance(arguments, str) else dict(arguments)
+            calls[call.get("id", "")] = (str(function.get("name", "")), parsed)
+        if role == "assistant":
+            said = text
+        elif role == "tool" and message.get("tool_call_id") in calls:
+            name, arguments = calls.pop(message["tool_call_id"])
+            out.append(Observation(name, arguments, text))
+        elif role == "user" and said:
+            out.append(Observation("ask_patient", {"question": said}, text))
+    return out
+
+
+def make_clinician(name: str, prompt: str, prefix: list[dict] | None = None) -> Clinician | Continuing:
+    if name not in ("clinician", "no-exam"):
+        raise ValueError(f"unknown clinic agent {name!r}; choose clinician, no-exam or openai")
+    clinician = Clinician(prompt, max_exams=4 if name == "clinician" else 0)
+    return Continuing(clinician, prefix) if prefix else clinician

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from case_env.core.casefiles import gather, records, split_of
 from case_env.core.frozen import FrozenDraw
-from case_env.medicine.exams import ExamCall, ExamError, RecordedExam, recorded_exam
+from case_env.medicine.exams import ExamCall, ExamError, RecordedExam, loaded_exam, raw_findings
 
 MAX_EXAMS = 10
 SOURCES = {"ddxplus": "clinic_ddxplus", "pmc": "clinic_pmc", "synthetic": "clinic_synthetic"}
@@ -69,6 +69,8 @@ class ClinicCase:
     offered: tuple[str, ...] | None = None  # exam tools a MedExAgent parquet row offers; None: drawn per bank
     noise: AssignedNoise | None = None  # noise a MedExAgent parquet row assigns; None: planned per bank
     split: str = ""  # the split its file's name gives ("train_patients.csv", "pmc_test_....jsonl"), or ""
+    conversation: tuple[dict, ...] = ()  # a conversation file's recorded consultation, as written
+    gold: tuple[str, ...] = ()  # its every exam call as written, repeats kept (what MedExAgent's eval scores)
 
     @property
     def data_source(self) -> str:
@@ -139,10 +141,13 @@ def _exams(pairs: Iterable[tuple[str, str]], where: str, problems: list[str]) ->
             problems.append(f"{where}: exam {spelled[:60]!r} has no findings, left out (as in MedExAgent)")
             continue
         try:
-            exam = recorded_exam(spelled, findings)
+            exam, notes = loaded_exam(spelled, findings)
         except ExamError as exc:
             problems.append(f"{where}: exam {spelled[:60]!r} left out ({exc})")
             continue
+        problems += [
+            f"{where}: exam {spelled[:60]!r}: {note} (as MedExAgent's loader keeps it)" for note in notes
+        ]
         out[exam.call] = exam
     return tuple(out.values())
 
@@ -237,8 +242,10 @@ def _persona(raw: object) -> Persona | None:
 
 
 def _conversation_exams(conversation: list) -> list[tuple[str, str]]:
-    """(exam string, findings) from a conversation's tool calls and the tool messages that answer them."""
-    calls: dict[str, str] = {}
+    """(exam string, findings) from a conversation's tool calls and the tool messages that answer them. A tool
+    message holds MedExAgent's result sentence ("The CT scan of the chest shows: ..."); the findings inside
+    it are kept, so the server's answer wraps them once, as in training."""
+    calls: dict[str, tuple[str, dict]] = {}
     pairs = []
     for message in conversation or []:
         if not isinstance(message, dict):
@@ -249,11 +256,23 @@ def _conversation_exams(conversation: list) -> list[tuple[str, str]]:
                 arguments = json.loads(function.get("arguments") or "{}")
             except json.JSONDecodeError:
                 arguments = {}
-            inner = ", ".join(f'{k}="{v}"' for k, v in (arguments or {}).items())
-            calls[call.get("id", "")] = f"{function.get('name', '')}({inner})"
+            calls[call.get("id", "")] = (
+                str(function.get("name", "")),
+                arguments if isinstance(arguments, dict) else {},
+            )
         if message.get("role") == "tool" and message.get("tool_call_id") in calls:
-            pairs.append((calls.pop(message["tool_call_id"]), _clean(message.get("content"))))
+            name, arguments = calls.pop(message["tool_call_id"])
+            inner = ", ".join(f'{k}="{v}"' for k, v in arguments.items())
+            pairs.append((f"{name}({inner})", raw_findings(name, arguments, _clean(message.get("content")))))
     return pairs
+
+
+def offered_in(conversation: list) -> tuple[str, ...] | None:
+    """The exam tools a conversation's system prompt lists (`- Name: ct`), as MedExAgent's evaluation reads
+    them (`parse_available_tools_from_system_prompt`); None when it lists none."""
+    system = next((m for m in conversation or [] if isinstance(m, dict) and m.get("role") == "system"), None)
+    names = re.findall(r"- Name:\s*(\w+)", str((system or {}).get("content") or ""))
+    return tuple(dict.fromkeys(names)) or None
 
 
 def read_jsonl(path: Path) -> CaseLoad:
@@ -264,7 +283,9 @@ def read_jsonl(path: Path) -> CaseLoad:
             continue
         demographics = record.get("demographics")
         row = {**record, **(demographics if isinstance(demographics, dict) else {})}
-        exams = _exams(_conversation_exams(record.get("conversation")), where, load.problems)
+        conversation = record.get("conversation") if isinstance(record.get("conversation"), list) else []
+        pairs = _conversation_exams(conversation)
+        exams = _exams(pairs, where, load.problems)
         local = _clean(record.get("patient_id")) or f"{n:05d}"
         case = _case(
             _case_id(path.stem, local),
@@ -275,6 +296,9 @@ def read_jsonl(path: Path) -> CaseLoad:
             where,
             load.problems,
             split=split_of(path),
+            offered=offered_in(conversation),
+            conversation=tuple(m for m in conversation if isinstance(m, dict)),
+            gold=tuple(spelled for spelled, _ in pairs),
         )
         if case is not None:
             load.cases.append(case)

@@ -50,6 +50,10 @@ class ClinicEpisode(BaseModel):
     noise: NoiseConfig = Field(
         default_factory=NoiseConfig, description="The bank row's noise configuration (no noise by default)."
     )
+    persona: bool = Field(
+        True,
+        description="The patient plays the case's persona; MedExAgent's evaluation runs without one.",
+    )
 
 
 @dataclass

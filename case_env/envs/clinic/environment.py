@@ -26,10 +26,12 @@ from case_env.core.parts import (
     Recipe,
     Recipes,
     ReportParts,
+    SFTRecipe,
     Synthesis,
     SynthOptions,
     TextBankOptions,
     TextCases,
+    Variant,
 )
 from case_env.core.personas import Personas
 from case_env.core.problems import Problems
@@ -109,12 +111,35 @@ MEDEXAGENT = Recipe(
 )
 
 
+# MedExAgent's SFT stage (config/sft_config.yaml, train/sft/; docs/sources.md, MedExAgent): a full fine-tune
+# (no LoRA) of Meditron3-8B, lr 2e-5 cosine with 5 % warm-up, 2 sequences per device with 2 accumulation steps,
+# one epoch, bf16, sdpa attention, gradient checkpointing, sequences of 4,096 tokens (cut, not refused), the
+# loss on assistant tokens, tool calls written as <tool_call> text and tool results as user turns.
+MEDEXAGENT_SFT = SFTRecipe(
+    overrides={
+        "data.max_length": "4096",
+        "data.truncation": "right",
+        "data.micro_batch_size_per_gpu": "2",
+        "data.use_dynamic_bsz": "False",
+        "optim.lr": "2e-5",
+        "optim.lr_scheduler_type": "cosine",
+        "optim.lr_warmup_steps_ratio": "0.05",
+        "model.enable_gradient_checkpointing": "True",
+        "model.lora_rank": "0",
+        "+model.override_config.attn_implementation": "sdpa",
+        "trainer.total_epochs": "1",
+    },
+    sequences_per_gpu=4,
+    summary="MedExAgent's SFT: full fine-tune, lr 2e-5 cosine, 2 x 2 per GPU, one epoch, 4,096 tokens",
+)
+
+
 class ClinicEnvironment(
     Environment, TextCases, Banks, Synthesis, Baselines, Evaluation, Recipes, AgentLoops, Dialogue
 ):
     name = "clinic"
     title = "clinic"
-    summary = "MedExAgent: its exam tools, reward and noise; ask the patient, order exams at a cost, diagnose, under patient and exam noise."
+    summary = "MedExAgent: its agent loop, prompt, exam tools, reward, noise and evaluation; talk to the patient, order exams at a cost, diagnose."
     tools = Tools("case_env.tools.clinic")
     personas = Personas("case_env.personas.clinic")
     context_model = ClinicEpisode
@@ -126,11 +151,13 @@ class ClinicEnvironment(
     loop_agent = "clinician"
     max_turns = 20  # MedExAgent's assistant-turn limit
     recipes: ClassVar[dict[str, Recipe]] = {"medexagent": MEDEXAGENT}
+    sft_recipes: ClassVar[dict[str, SFTRecipe]] = {"medexagent": MEDEXAGENT_SFT}
     agent_loops: ClassVar[dict[str, str]] = {"medexagent": "case_env.envs.clinic.agent_loop.MedExAgentLoop"}
     # the patient hears the doctor's plain text (MedExAgent's Interaction, played by ask_patient)
     listener = "ask_patient"
     said = "question"
     not_offered = "The requested exam is not available."  # MedExAgent's ToolAgent.execute
+    closing = "[DIAGNOSIS: community-acquired pneumonia]"
 
     def ends(self, text: str) -> bool:
         from case_env.envs.clinic.reward import DIAGNOSIS_TAG
@@ -173,7 +200,10 @@ class ClinicEnvironment(
                     ordered.append(exam_call(*as_tool(call.tool, call.arguments)).describe())
                 except ExamError:
                     continue
-        return {"noise": dict(create.get("noise") or {}), "history": history, "ordered": ordered}
+        context = {"noise": dict(create.get("noise") or {}), "history": history, "ordered": ordered}
+        if "persona" in create:  # an evaluation protocol's choice (MedExAgent's runs without one)
+            context["persona"] = bool(create["persona"])
+        return context
 
     # -- banks and rewards ------------------------------------------------------------------------------
     def build_bank(self, options: BankOptions) -> BankBuild:
@@ -243,9 +273,30 @@ class ClinicEnvironment(
 
         if agent not in self.baselines:
             raise ValueError(f"unknown {self.title} agent {agent!r}")
-        return lambda item, _variant, _repeat: make_clinician(
-            agent, "\n".join(m["content"] for m in item.prompt)
+        return lambda item, variant, _repeat: make_clinician(
+            agent, "\n".join(m["content"] for m in item.prompt), variant.prompt
         )
+
+    # MedExAgent's evaluation (`evaluation/runners.py`, `python -m evaluation --eval-types diagnosis
+    # conversation`): 15 assistant turns, no patient persona unless asked for, no noise injected (its eval
+    # files are the clean ones). `noisy` is ours: the bank's noise plan and personas, at the training turn
+    # limit, because MedExAgent's evaluation never injects noise and so cannot measure robustness to it.
+    protocols = ("conversation", "diagnosis", "noisy")
+    eval_turns = 15
+
+    def variants(self, item: Item, protocol: str = "") -> list[Variant]:
+        clean = {"noise": {}, "persona": False}
+        hidden = {"noise": {}}  # no noise plan reaches the reward or the report either
+        if protocol == "noisy":
+            return [Variant("noisy")]
+        if protocol == "diagnosis":
+            # the recorded consultation up to its diagnosis, then the model: calls run against the case,
+            # a turn of plain text without a diagnosis ends it (no patient is left to answer)
+            prefix = (item.extra.get("clinic") or {}).get("prefix") or None
+            return [
+                Variant("diagnosis", hidden, clean, prompt=prefix, max_turns=self.eval_turns, speak=False)
+            ]
+        return [Variant(extra=hidden, create=clean, max_turns=self.eval_turns)]
 
     def record_fields(self, item: Item) -> dict:
         noise = item.extra.get("noise") or {}

@@ -29,6 +29,8 @@ COLUMNS = (
     ("tool score", "tool_match", "{:.3f}"),
     ("exam cost", "tool_cost_total", "{:.2f}"),
     ("unneeded cost", "tool_cost_unnecessary", "{:.2f}"),
+    ("dx found", "diagnosis_found", "{:.3f}"),
+    ("hallucinated", "tool_hallucination_rate", "{:.3f}"),
 )
 
 
@@ -53,6 +55,11 @@ def group_summary(rows: list[dict]) -> dict:
         "format_penalty": _mean(rows, "format"),
         "tool_cost_total": _mean(rows, "tool_cost_total"),
         "tool_cost_unnecessary": _mean(rows, "tool_cost_unnecessary"),
+        # MedExAgent's evaluation metrics beside ours (evaluation/runners.py): a diagnosis was given; the
+        # share of exam calls outside the case's tool list; exam calls per case
+        "diagnosis_found": round(sum(bool(r["pred"]) for r in rows) / len(rows), 4) if rows else 0.0,
+        "tool_hallucination_rate": _mean(rows, "hallucination_rate"),
+        "num_tool_calls": _mean(rows, "exams"),
     }
 
 
@@ -61,7 +68,9 @@ def summarise(records: list[dict]) -> dict:
     by_noise: dict[str, list[dict]] = defaultdict(list)
     everything = []
     for r in records:
-        row = {**r["score"], "turns": r["turns"]}
+        score = r["score"]
+        rate = score.get("hallucinated", 0) / score["exams"] if score.get("exams") else 0.0
+        row = {**score, "turns": r["turns"], "hallucination_rate": rate}
         everything.append(row)
         by_source[r["data_source"]].append(row)
         for label in r["noise"] or ["clean"]:
@@ -77,14 +86,14 @@ def summarise(records: list[dict]) -> dict:
 def summary_lines(results: dict) -> list[str]:
     lines = [
         f"{'group':22s} {'n':>4s} {'strict':>7s} {'lenient':>8s} {'jaccard':>8s} {'tool':>6s} {'cost':>6s} "
-        f"{'exam$':>6s} {'exams':>6s} {'turns':>6s}"
+        f"{'exam$':>6s} {'exams':>6s} {'turns':>6s} {'found':>6s} {'halluc':>6s}"
     ]
     groups = {**results["by_data_source"], "overall": results["overall"], **results["by_noise"]}
     for name, g in groups.items():
         lines.append(
             f"{name:22s} {g['n']:4d} {g['accuracy_strict']:7.3f} {g['accuracy_lenient']:8.3f} "
             f"{g['diagnosis_jaccard']:8.3f} {g['tool_match']:6.3f} {g['cost']:6.2f} {g['tool_cost_total']:6.2f} "
-            f"{g['exams']:6.2f} {g['turns']:6.2f}"
+            f"{g['exams']:6.2f} {g['turns']:6.2f} {g['diagnosis_found']:6.3f} {g['tool_hallucination_rate']:6.3f}"
         )
     return lines
 

@@ -15,7 +15,7 @@ import re
 
 from case_env.core.frozen import FrozenDraw
 from case_env.core.llm import ChatClient
-from case_env.envs.clinic.cases import ClinicCase, persona_of
+from case_env.envs.clinic.cases import ClinicCase, Persona, persona_of
 from case_env.envs.clinic.context import Exchange
 from case_env.envs.clinic.noise import SELF_DIAGNOSES, VAGUE, NoisePlan, told_units
 
@@ -107,11 +107,13 @@ def _has(text: str, words: tuple[str, ...]) -> bool:
 
 
 class RulePatient:
-    def __init__(self, case: ClinicCase, plan: NoisePlan):
+    sampled = False  # its answer is a function of the question and the episode
+
+    def __init__(self, case: ClinicCase, plan: NoisePlan, persona: bool = True):
         self.case = case
         self.plan = plan
         self.units = told_units(case, plan)
-        self.persona = persona_of(case)
+        self.persona = persona_of(case) if persona else Persona()  # without one: plain, fluent, good recall
 
     def answer(self, question: str, history: list[Exchange], ordered: list[str] | None = None) -> str:
         told: set[int] = set()
@@ -253,11 +255,10 @@ RULES = (
 )
 
 
-def patient_prompt(case: ClinicCase, plan: NoisePlan, turn: int) -> str:
+def patient_prompt(case: ClinicCase, plan: NoisePlan, turn: int, persona: bool = True) -> str:
     """The LLM patient's system prompt in MedExAgent's layout (`get_patient_system_prompt`: demographics,
     history, symptoms, the selected persona, the rules), with the symptoms as this noisy patient tells them
     and this answer's noise hints (MedExAgent's wording in dataset mode)."""
-    persona = persona_of(case)
     units = [u for u in told_units(case, plan) if u is not None]
     hints = []
     for noise in plan.at_turn(turn):
@@ -269,20 +270,22 @@ def patient_prompt(case: ClinicCase, plan: NoisePlan, turn: int) -> str:
             hints.append(
                 "In this answer, mention that you looked it up online and think it is something minor."
             )
-    axes = (
-        ("Personality", persona.personality),
-        ("Language Proficiency", persona.language),
-        ("Medical History Recall", persona.recall),
-    )
-    persona_lines = [f"{axis}: [{PERSONA_TEXT[key][0]}] {PERSONA_TEXT[key][1]}" for axis, key in axes]
     sections = [
         "You are a patient visiting a doctor. Role-play as a real patient would during a consultation.",
         f"YOUR DEMOGRAPHICS:\n{case.demographics()}",
         f"YOUR MEDICAL HISTORY:\n{case.history or 'No significant past medical history.'}",
         f"YOUR CURRENT SYMPTOMS:\n{' '.join(units) or 'General discomfort.'}",
-        "SELECTED PATIENT PERSONA:\n" + "\n".join(persona_lines),
-        "INSTRUCTIONS:\n" + "\n".join(RULES),
     ]
+    if persona:  # MedExAgent's prompt has the section only when a persona is given
+        chosen = persona_of(case)
+        axes = (
+            ("Personality", chosen.personality),
+            ("Language Proficiency", chosen.language),
+            ("Medical History Recall", chosen.recall),
+        )
+        lines = [f"{axis}: [{PERSONA_TEXT[key][0]}] {PERSONA_TEXT[key][1]}" for axis, key in axes]
+        sections.append("SELECTED PATIENT PERSONA:\n" + "\n".join(lines))
+    sections.append("INSTRUCTIONS:\n" + "\n".join(RULES))
     if hints:
         sections.append("FOR THIS ANSWER:\n" + "\n".join(hints))
     return "\n\n".join(sections)
@@ -299,15 +302,20 @@ class LLMPatient:
     patient's side, the doctor's words as user turns, each exam ordered as a note, its own replies as
     assistant turns."""
 
-    def __init__(self, client: ChatClient, case: ClinicCase, plan: NoisePlan, fresh: bool = False):
+    def __init__(
+        self, client: ChatClient, case: ClinicCase, plan: NoisePlan, fresh: bool = False, persona: bool = True
+    ):
         self.client = client
         self.case = case
         self.plan = plan
         self.fresh = fresh
-        self.rules = RulePatient(case, plan)
+        self.sampled = fresh  # each reply a new sample: the server neither caches nor shares it
+        self.persona = persona
+        self.rules = RulePatient(case, plan, persona)
 
     def answer(self, question: str, history: list[Exchange], ordered: list[str] | None = None) -> str:
-        messages = [{"role": "system", "content": patient_prompt(self.case, self.plan, len(history))}]
+        prompt = patient_prompt(self.case, self.plan, len(history), self.persona)
+        messages = [{"role": "system", "content": prompt}]
         for earlier in history:  # perspective swap: the doctor is the user, the patient the assistant
             messages += [{"role": "user", "content": order_note(exam)} for exam in earlier.ordered]
             messages += [

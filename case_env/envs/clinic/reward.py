@@ -47,7 +47,7 @@ from case_env.core.llm import ChatClient, default_judge
 from case_env.core.tags import Tagged
 from case_env.envs.clinic import medexagent_reward as mx
 from case_env.medicine.diagnosis import MAX_CONDITIONS, Verdict, conditions, judge, looks_injected
-from case_env.medicine.exams import ExamCall, ExamError, exam_call, read_exam_string
+from case_env.medicine.exams import ExamCall, ExamError, exam_call, loaded_exam, read_exam_string
 
 # MedExAgent's tag, as `\[DIAGNOSIS:\s*(.+?)\]` (any case) reads it, found in linear time (core/tags.py)
 DIAGNOSIS_TAG = Tagged("[DIAGNOSIS:", "]", ignore_case=True, skip_space=True, nonempty=True)
@@ -67,6 +67,7 @@ KEYS = (
     "tool_cost_ground_truth",
     "exams",
     "exams_necessary",
+    "hallucinated",
     "asks",
     "pred",
     "format_ok",
@@ -165,13 +166,15 @@ def tool_turns(turns: list[tuple[int, list[mx.Tool]]]) -> tuple[int, int]:
     return attempts, errors
 
 
-def workup(exams: list[str]) -> dict[ExamCall, mx.Tool]:
-    """The recorded work-up as MedExAgent's executor holds it: one entry per distinct exam, as written."""
-    found: dict[ExamCall, mx.Tool] = {}
+def workup(exams: list[str]) -> list[tuple[ExamCall, mx.Tool]]:
+    """The recorded work-up as the row lists it, each exam as written with its canonical call: every exam
+    MedExAgent's loader keeps (`loaded_exam`: `other`, values outside the allowed lists, missing parameters).
+    A bank lists what MedExAgent scores against: its RL exam map (one entry per exam string) for a case table
+    or a verl parquet, every gold call of the conversation for an evaluation file."""
+    found = []
     for spelled in exams:
         try:
-            name, arguments = read_exam_string(spelled)
-            found[exam_call(name, arguments)] = (name, arguments)
+            found.append((loaded_exam(spelled, "")[0].call, read_exam_string(spelled)))
         except ExamError:
             continue
     return found
@@ -258,7 +261,7 @@ def clinic_score(
     record = ClinicScoreExtra.model_validate(extra).clinic or ClinicRecord()
     weights = record.reward
     recorded = workup(record.exams)
-    truth = list(recorded.values())
+    truth = [tool for _, tool in recorded]
     prediction = read_diagnosis(solution_str)
     verdict = diagnosis_verdict(prediction, str(ground_truth or ""), weights, client or default_judge())
     dx = verdict.jaccard
@@ -273,12 +276,17 @@ def clinic_score(
     else:
         tools = [as_tool(c.tool, c.arguments) for c in calls if c.ok and c.tool != ASK]
         ordered = _strict_exams(tools)
-        necessary = list(recorded)
+        necessary = [call for call, _ in recorded]
         exam_term = appropriateness(ordered, necessary)
         tool_match = mx.tool_match(tools, truth)
         cost = strict_cost(ordered, necessary, weights.necessary_discount)
         exams = len(ordered)
     score = weights.dx * dx + weights.exam * exam_term - weights.cost * cost - weights.format * fmt
+    # MedExAgent's evaluation counts a call of a tool outside the case's list as hallucinated
+    offered = (
+        set(extra.get("tool_selection") or ()) if isinstance(extra.get("tool_selection"), list) else set()
+    )
+    hallucinated = 0 if not offered or ORDER in offered else sum(1 for n, _ in tools if n not in offered)
     asks = sum(1 for c in calls if c.tool == ASK and c.ok)
     return {
         "score": score,
@@ -292,6 +300,7 @@ def clinic_score(
         **mx.cost_totals(tools, truth),
         "exams": exams,
         "exams_necessary": len(truth),
+        "hallucinated": hallucinated,
         "asks": asks,
         "pred": prediction or "",
         "format_ok": verdict.predicted > 0,

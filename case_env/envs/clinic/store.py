@@ -77,7 +77,7 @@ class ClinicCases(CaseTable):
             log.info("clinic: %d cases, %d problem(s)", len(loaded.cases), len(loaded.problems))
         return cls(loaded.cases, loaded.problems, llm, fresh if llm is not None else False)
 
-    def patient(self, case: ClinicCase, plan: NoisePlan) -> RulePatient | LLMPatient:
+    def patient(self, case: ClinicCase, plan: NoisePlan, persona: bool = True) -> RulePatient | LLMPatient:
         if self.llm is None:
-            return RulePatient(case, plan)
-        return LLMPatient(self.llm, case, plan, self.fresh)
+            return RulePatient(case, plan, persona)
+        return LLMPatient(self.llm, case, plan, self.fresh, persona)

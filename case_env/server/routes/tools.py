@@ -80,6 +80,7 @@ class Outcome:
     headers: Mapping[str, str] | None = None  # Retry-After of a refusal; None, not a new dict per call
     bound: bool = False  # the episode is bound to this call's patient: record the call there
     encoded: tuple[bytes, ...] = ()  # each image's base64, spliced into the answer (`_with_images`)
+    sampled: bool = False  # a sample, not the call's function: neither cached nor shared with its twins
 
     @property
     def nbytes(self) -> int:
@@ -250,26 +251,35 @@ async def _admitted(state: ServerState, name: str, body: ToolCallRequest, starte
         )
     if state.tool_env[name] != env_name:  # another environment's tool
         owner = state.environments[state.tool_env[name]]
+        _, refused = _context(owner, body.context)  # a request that breaks the schema is refused first
+        if refused is not None:
+            return refused
         message = (
             f"{name} is {_a(owner.title)} tool; this patient is {_a(env.title)} case, not "
             f"{_a(owner.title)} case"
         )
         return Outcome.failure(ErrorCode.NOT_AVAILABLE, message, bound=True)
-    if env.context_model is None:
-        if body.context:
-            message = f"invalid request: context: the {env.title} tools take no context"
-            return Outcome.failure(ErrorCode.INVALID_REQUEST, message)
-        episode = None
-    else:
-        try:
-            # strict, as /openapi.json describes the model: "1" is not an integer
-            episode = env.context_model.model_validate(body.context or {}, strict=True)
-        except ValidationError as exc:
-            message = short("invalid request: " + describe_errors(exc.errors(), ("context",)))
-            return Outcome.failure(ErrorCode.INVALID_REQUEST, message)
-        if isinstance(env, HeldContext):
-            episode = env.held_context(episode, state.episodes.calls(body.episode_id))
+    episode, refused = _context(env, body.context)
+    if refused is not None:
+        return refused
+    if episode is not None and isinstance(env, HeldContext):
+        episode = env.held_context(episode, state.episodes.calls(body.episode_id))
     return await _run(state, env_name, env, spec, episode, body, started)
+
+
+def _context(env: Environment, context: dict | None) -> tuple[BaseModel | None, Outcome | None]:
+    """A call's context as the environment's model reads it, or the refusal of one it does not accept."""
+    if env.context_model is None:
+        if context:
+            message = f"invalid request: context: the {env.title} tools take no context"
+            return None, Outcome.failure(ErrorCode.INVALID_REQUEST, message)
+        return None, None
+    try:
+        # strict, as /openapi.json describes the model: "1" is not an integer
+        return env.context_model.model_validate(context or {}, strict=True), None
+    except ValidationError as exc:
+        message = short("invalid request: " + describe_errors(exc.errors(), ("context",)))
+        return None, Outcome.failure(ErrorCode.INVALID_REQUEST, message)
 
 
 def _a(word: str) -> str:
@@ -307,14 +317,14 @@ async def _run(
     if computing is not None:  # the same call is being answered for another rollout of the group: share it
         state.metrics.count_cache("shared")
         shared = await asyncio.shield(computing)
-        return shared if shared is not None else await compute()
+        return shared if shared is not None and not shared.sampled else await compute()
     state.metrics.count_cache("miss")
     computing = asyncio.get_running_loop().create_future()
     state.responses.inflight[key] = computing
     outcome = None
     try:
         outcome = await compute()
-        if outcome.error is None:
+        if outcome.error is None and not outcome.sampled:
             state.responses.put(key, outcome)
         return outcome
     finally:
@@ -370,7 +380,7 @@ def _success(result: ToolResult) -> Outcome:
     # hashlib's BLAKE2b over a 22 KB PNG (0.02 against 0.05 ms, the same machine)
     digest = hashlib.sha256(result.text.encode())
     if not result.images:
-        return Outcome(200, result.text, digest=digest.hexdigest()[:32], bound=True)
+        return Outcome(200, result.text, digest=digest.hexdigest()[:32], bound=True, sampled=result.sampled)
     images = []
     for image in result.images:
         digest.update(image.png)
