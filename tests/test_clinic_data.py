@@ -88,7 +88,8 @@ def test_synthetic_cases_round_trip_through_the_csv_and_jsonl_loaders(tmp_path):
     from_csv = read_csv(tmp_path / "clinic_synthetic.csv")
     from_jsonl = read_jsonl(tmp_path / "clinic_synthetic.jsonl")
     assert from_csv.problems == from_jsonl.problems == []
-    assert from_csv.cases == cases
+    # a case table's empty fields are what pandas makes of them in MedExAgent's prompt ("nan")
+    assert [replace(c, blank="") for c in from_csv.cases] == cases and from_csv.cases[0].blank == "nan"
     # the JSONL carries the persona the CSV row is given; it also keeps its recorded conversation and gold calls
     assert [replace(c, conversation=(), gold=()) for c in from_jsonl.cases] == cases
     assert all(c.conversation and len(c.gold) == len(c.exams) for c in from_jsonl.cases)
@@ -280,3 +281,28 @@ def test_train_and_test_files_given_together_keep_their_own_splits(tmp_path):
     by_file = {s: sorted(c.case_id for c in cases if c.split == s) for s in ("train", "val", "test")}
     assert {s: sorted(ids) for s, ids in result.patients.items()} == by_file
     assert [len(by_file[s]) for s in ("train", "val", "test")] == [12, 3, 5]
+
+
+def test_empty_cells_appear_in_the_prompt_as_medexagents_builder_prints_them(tmp_path):
+    """MedExAgent reads its case table with pandas: an empty cell is NaN, which its prompt builder prints
+    ("Race/Ethnicity: nan"); a model trained on its prompts saw them. `--empty-cells omit` leaves them out,
+    as the builder's docstring says it does; a conversation file's empty fields were never NaN."""
+    from case_env.envs.clinic.bank import build
+    from case_env.envs.clinic.noise import NoiseConfig
+
+    case = make_cases(1, 0)[0]
+    write_csv([replace(case, race="", other_demographics="", history="")], tmp_path / "cases.csv")
+    (loaded,) = read_csv(tmp_path / "cases.csv").cases
+    assert (loaded.race, loaded.blank) == ("", "nan")
+
+    def system(**options) -> str:
+        (row,) = build([loaded], 0, (1.0, 0.0, 0.0), NoiseConfig(), **options).rows["train"]
+        return row["prompt"][0]["content"]
+
+    faithful = system()
+    assert f"Age: {case.age}\nGender: {case.gender}\nRace/Ethnicity: nan\nOther: nan\n" in faithful
+    assert "PATIENT'S MEDICAL HISTORY:\nnan\n" in faithful
+    omitted = system(empty_cells="omit")
+    assert f"Gender: {case.gender}\n\nPATIENT'S MEDICAL HISTORY:\nNo known past medical history." in omitted
+    asked = system(patient="ask_patient")  # our own prompt: never "nan"
+    assert "nan" not in asked.split()

@@ -41,6 +41,7 @@ from case_env.medicine.exams import EXAMS, NOT_OFFERED, findings_sentence, read_
 ABILITY = "clinic_diagnosis"
 Interface = Literal["exam_tools", "order_exam"]
 PatientChannel = Literal["dialogue", "ask_patient"]
+EmptyCells = Literal["as_read", "omit"]
 ASK = "ask_patient"
 LOOP = "medexagent"  # the agent loop a dialogue row names (case_env.envs.clinic.agent_loop)
 ASK_LOOP = "tool_agent"  # verl's stock loop, for rows whose patient is a tool
@@ -74,19 +75,22 @@ def _example(interface: Interface) -> str:
     )
 
 
-def medexagent_prompt(case: ClinicCase, exams: list[str], interface: Interface) -> str:
+def medexagent_prompt(
+    case: ClinicCase, exams: list[str], interface: Interface, blank: str | None = None
+) -> str:
     """MedExAgent's RL doctor prompt, as `build_doctor_system_prompt_rl` (`train/rl/dataset.py`, e5b0699) writes
-    it; with `order_exam`, the one tool and its example instead of one tool per exam."""
+    it, empty fields as `blank` (the case's own by default: "nan" from a case table, as pandas gives them it);
+    with `order_exam`, the one tool and its example instead of one tool per exam."""
     listing = tool_text(exams) if interface == "exam_tools" else tool_text(list(EXAMS))
     call = '<tool_call>\n{"name": "<tool_name>", "arguments": {"<param>": "<value>", ...}}\n</tool_call>'
     empty = '<tool_call>\n{"name": "<tool_name>", "arguments": {}}\n</tool_call>'
     return f"""You are an experienced physician conducting a medical consultation. Your goal is to gather information from the patient, order appropriate examinations, interpret results, and arrive at a diagnosis.
 
 PATIENT DEMOGRAPHICS:
-{case.demographic_lines()}
+{case.demographic_lines(blank)}
 
 PATIENT'S MEDICAL HISTORY:
-{case.history or "No known past medical history."}
+{case.history_text(blank)}
 
 AVAILABLE EXAMINATIONS:
 {listing}
@@ -129,10 +133,10 @@ def ask_patient_prompt(case: ClinicCase, persona: PersonaSpec, exams: list[str],
     return f"""{persona.system_prompt}
 
 PATIENT DEMOGRAPHICS:
-{case.demographic_lines()}
+{case.demographic_lines("")}
 
 PATIENT'S MEDICAL HISTORY:
-{case.history or "No known past medical history."}
+{case.history_text("")}
 
 AVAILABLE EXAMINATIONS:
 {listing}
@@ -188,6 +192,7 @@ def to_row(
     selection: list[str],
     interface: Interface,
     patient: PatientChannel = "dialogue",
+    empty_cells: EmptyCells = "as_read",
 ) -> BankRow:
     plan = plan_noise(case, noise)
     # what MedExAgent scores against: its exam map for a case table or parquet, the gold calls for an eval file
@@ -197,7 +202,8 @@ def to_row(
         system = ask_patient_prompt(case, persona, exams, interface)
         prompt = [Message(role="system", content=system), Message(role="user", content=user_message(case))]
     else:
-        prompt = [Message(role="system", content=medexagent_prompt(case, exams, interface))]
+        blank = None if empty_cells == "as_read" else ""
+        prompt = [Message(role="system", content=medexagent_prompt(case, exams, interface, blank))]
     extra = ClinicExtra.for_case(
         persona,
         case.case_id,
@@ -278,6 +284,7 @@ def build(
     distractors: int = 5,
     interface: Interface = "exam_tools",
     patient: PatientChannel = "dialogue",
+    empty_cells: EmptyCells = "as_read",
 ) -> BankResult:
     env = registry.get("clinic")
     weights = weights or RewardWeights()
@@ -305,6 +312,7 @@ def build(
             selection(case),
             interface,
             patient,
+            empty_cells,
         ),
         given=lambda case: (
             case.split

@@ -71,6 +71,9 @@ class ClinicCase:
     split: str = ""  # the split its file's name gives ("train_patients.csv", "pmc_test_....jsonl"), or ""
     conversation: tuple[dict, ...] = ()  # a conversation file's recorded consultation, as written
     gold: tuple[str, ...] = ()  # its every exam call as written, repeats kept (what MedExAgent's eval scores)
+    # how MedExAgent's prompt builder writes this case's empty fields: "nan" for a case table (pandas reads an
+    # empty cell as NaN and the builder prints it) and a parquet row holding them, nothing for a JSON record
+    blank: str = ""
 
     @property
     def data_source(self) -> str:
@@ -80,16 +83,24 @@ class ClinicCase:
         """(slot, findings) of every recorded exam identical to `call`: strict, no name-only fallback."""
         return [(slot, e.findings) for slot, e in enumerate(self.exams) if e.call == call]
 
-    def demographic_lines(self) -> str:
+    def demographic_lines(self, blank: str | None = None) -> str:
         """The demographics as MedExAgent's RL prompt lays them out (`_format_demographics`): one labelled
-        line per recorded field, empty ones left out."""
+        line per field, an empty one written as `blank` (the case's own by default) or left out when that is
+        empty, as its builder's docstring intends."""
+        blank = self.blank if blank is None else blank
         fields = (
             ("Age", self.age),
             ("Gender", self.gender),
             ("Race/Ethnicity", self.race),
             ("Other", self.other_demographics),
         )
-        return "\n".join(f"{label}: {value}" for label, value in fields if value) or "Not specified"
+        lines = [f"{label}: {value or blank}" for label, value in fields if value or blank]
+        return "\n".join(lines) or "Not specified"
+
+    def history_text(self, blank: str | None = None) -> str:
+        """The medical history as MedExAgent's prompt gives it (an empty one as `blank`, else its default)."""
+        blank = self.blank if blank is None else blank
+        return self.history or blank or "No known past medical history."
 
     def demographics(self) -> str:
         parts = [p for p in (_age_words(self.age), _gender_word(self.gender), self.race) if p]
@@ -206,6 +217,7 @@ def read_csv(path: Path) -> CaseLoad:
             where,
             load.problems,
             split=split_of(path),
+            blank="nan",
         )
         if case is not None:
             load.cases.append(case)
@@ -356,6 +368,7 @@ def read_parquet(path: Path) -> CaseLoad:
             offered=tuple(str(t) for t in offered) if isinstance(offered, list) else None,
             noise=noise,
             split=split_of(path),
+            blank="nan" if any(str(v).strip().lower() == "nan" for v in row.values()) else "",
         )
         if case is not None:
             load.cases.append(case)

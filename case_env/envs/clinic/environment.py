@@ -66,6 +66,11 @@ class ClinicBankOptions(TextBankOptions):
         description="dialogue: MedExAgent's loop, plain text to the patient; ask_patient: verl's tool_agent, "
         "the patient as a tool.",
     )
+    empty_cells: Literal["as_read", "omit"] = Field(
+        "as_read",
+        description="as_read: an empty field of a case table in the prompt as MedExAgent's prompt shows it "
+        "(pandas reads it as NaN, printed 'nan'); omit: left out, as its builder's docstring intends.",
+    )
 
 
 class ClinicSynthOptions(SynthOptions):
@@ -230,6 +235,7 @@ class ClinicEnvironment(
             options.distractors,
             options.interface,
             options.patient,
+            options.empty_cells,
         )
         sources = sorted({s for c in result.counts().values() for s in c})
         table = [f"{'split':6s} {'cases':>6s} " + " ".join(f"{s:>17s}" for s in sources) + f" {'noisy':>6s}"]
@@ -247,6 +253,7 @@ class ClinicEnvironment(
             "reward": weights.model_dump(),
             "interface": options.interface,
             "patient": options.patient,
+            "empty_cells": options.empty_cells,
             "distractors": options.distractors,
         }
         return BankBuild(result, meta, table, Problems(loaded.problems))
