@@ -489,3 +489,50 @@ def _check_report_in_chromium(page: Path, tmp_path: Path) -> None:
     body = dict(re.findall(r'data-([a-z-]+)="(\d+)"', re.search(r"<body[^>]*>", dom).group()))
     assert body["images-broken"] == "0" and body["images-ok"] == "1"  # the cost-accuracy plot
     assert body["table-rows"] == "2"  # clinic_synthetic and overall
+
+
+def test_exam_answers_are_shared_across_episodes_that_asked_different_questions(dataset, cases_csv, tmp_path):
+    """An exam's result depends on the case, the exam and the noise assignment: the response cache keys on
+    those alone, so a group's rollouts that asked the patient different things share one computed answer,
+    and the case's noise plan is made once and kept for every call of every episode."""
+    from case_env.envs.clinic import store
+
+    made: list[str] = []
+    real = store.plan_noise
+
+    def counting(case, noise):
+        made.append(case.case_id)
+        return real(case, noise)
+
+    case = read_csv(cases_csv).cases[0]
+    exam = case.exams[0].call
+    noise = {"seed": 3, "exam_rate": 1.0, "mode": "per_case"}
+    with (
+        env(CASE_ENV_CLINIC_CASES=cases_csv),
+        pytest.MonkeyPatch.context() as patch,
+        live_server(dataset, tmp_path) as server,
+    ):
+        patch.setattr(store, "plan_noise", counting)
+        answers = []
+        for n, question in enumerate(("What brings you in?", "Any fever?", "Since when?")):
+            asked = post(
+                server, "ask_patient", case.case_id, f"ep-{n}", {"question": question}, {"noise": noise}
+            )
+            history = [{"question": question, "answer": asked.json()["text"]}]
+            context = {"noise": noise, "history": history}
+            answers.append(
+                post(server, exam.name, case.case_id, f"ep-{n}", exam.as_arguments(), context).json()
+            )
+        assert all(a["ok"] for a in answers) and len({a["text"] for a in answers}) == 1
+        scraped = httpx.get(f"{server.url}/metrics", timeout=10).text
+        hits = sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in scraped.splitlines()
+            if line.startswith("case_env_response_cache_total") and ('"hit"' in line or '"shared"' in line)
+        )
+        assert hits == 2  # the second and third episodes' exam: answered from the first's
+        assert made == [case.case_id]  # one plan for the case, whatever was asked
+        other = post(
+            server, exam.name, case.case_id, "ep-9", exam.as_arguments(), {"noise": {**noise, "seed": 4}}
+        )
+        assert other.json()["ok"] and made == [case.case_id, case.case_id]  # another assignment, another plan

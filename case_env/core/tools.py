@@ -26,6 +26,7 @@ served to models is reduced to exactly what verl passes on.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import inspect
@@ -128,6 +129,14 @@ class ToolSpec:
     # reads only through a store that calls `require_resident` before any I/O: tried on the event loop
     # first, in the pool when that raises (case_env.core.resident)
     resident: bool = False
+    # the fields of the episode context its answer depends on (None: all of them); the server's response
+    # cache keys on these alone, so calls whose contexts differ elsewhere share one answer
+    depends_on: tuple[str, ...] | None = None
+
+    @functools.cached_property
+    def context_fields(self) -> set[str] | None:
+        """`depends_on` as pydantic's `include` takes it (None: every field)."""
+        return set(self.depends_on) if self.depends_on is not None else None
 
     def openai_schema(self) -> dict:
         function = {"name": self.name, "description": self.description, "parameters": self.parameters}
@@ -215,6 +224,7 @@ def tool_spec(
     remember: bool = False,
     inline: bool = False,
     resident: bool = False,
+    depends_on: tuple[str, ...] | None = None,
 ) -> ToolSpec:
     """One tool, checked: its Args forbid extra fields and hold scalars and enums only."""
     if args.model_config.get("extra") != "forbid":
@@ -234,6 +244,7 @@ def tool_spec(
         remember,
         inline,
         resident,
+        depends_on,
     )
 
 
@@ -244,6 +255,7 @@ def tool(
     remember: bool = False,
     inline: bool = False,
     resident: bool = False,
+    depends_on: tuple[str, ...] | None = None,
 ) -> Callable[[Callable[..., ToolResult]], ToolSpec]:
     """A tool from a typed function `f(ctx, **arguments) -> ToolResult` (see the module's docstring)."""
 
@@ -269,7 +281,9 @@ def tool(
             return function(ctx, **arguments.__dict__)
 
         run.__wrapped__ = function  # type: ignore[attr-defined]
-        return tool_spec(name, description, personas, args, run, renders, remember, inline, resident)
+        return tool_spec(
+            name, description, personas, args, run, renders, remember, inline, resident, depends_on
+        )
 
     return made
 

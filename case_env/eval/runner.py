@@ -215,12 +215,11 @@ class _Rollouts:
             seen += step.observations
         extra = {**item.extra, **variant.extra, FIELD: [c.record() for c in calls]}
         score = self.env.score(transcript(steps), item.ground_truth, extra).flat()
-        turns = [s.turn for s in steps]
-        messages = getattr(policy, "messages", None)
-        if messages is None and dialogue is not None:
-            messages = dialogue_messages(variant.prompt or item.prompt, steps)
         prompt = variant.prompt or item.prompt
-        return trajectory.Episode(prompt, turns, seen, calls, score, tools, messages)
+        messages = getattr(policy, "messages", None)
+        if messages is None and dialogue is not None:  # several calls, or none, per turn: built here
+            messages = dialogue_messages(prompt, steps)
+        return trajectory.Episode(prompt, [s.turn for s in steps], seen, calls, score, tools, messages)
 
     async def _call(
         self, name: str, arguments: dict, episode_id: str, patient: str, create: dict, calls: list

@@ -162,6 +162,7 @@ class Preflight:
             tool_yaml,
             config.reward.custom_reward_function.path,
             config.data.custom_cls.path,
+            *_files(config.actor_rollout_ref.rollout.agent.agent_loop_config_path),
             *([str(self.args.token_file.resolve())] if self.args.token_file else []),
         ]
         address = OmegaConf.select(config, "ray_kwargs.ray_init.address")
@@ -185,7 +186,9 @@ class Preflight:
 
 
 def _files(value: Any) -> list[str]:
-    """A data.*_files value (one path, a comma-separated string or a list) as paths."""
+    """A data.*_files value (one path, a comma-separated string or a list) as paths; none for null."""
+    if value is None:
+        return []
     return value.split(",") if isinstance(value, str) else [str(v) for v in value]
 
 

@@ -6,7 +6,6 @@ from pydantic import Field
 
 from case_env.core.tools import ToolResult, tool
 from case_env.envs.clinic.context import MAX_TEXT, ClinicContext
-from case_env.envs.clinic.noise import plan_noise
 
 
 # remember: later questions of the episode are answered in the light of this one
@@ -21,7 +20,7 @@ def ask_patient(
     misremember.
     """
     case = ctx.case()
-    plan = plan_noise(case, ctx.episode.noise)
+    plan = ctx.cases.plan(case, ctx.episode.noise)
     patient = ctx.cases.patient(case, plan, ctx.episode.persona)
     answer = patient.answer(question.strip(), ctx.episode.history, ctx.episode.ordered)
     return ToolResult(answer, sampled=patient.sampled)

@@ -59,6 +59,10 @@ def _runner(exam: Exam):
     return run
 
 
+# an exam's result depends on the case, the exam and the noise assignment, never on what the patient was
+# asked: the server's response cache keys on the noise alone, so a group's rollouts share it
+DEPENDS_ON = ("noise",)
 TOOLS: list[ToolSpec] = [
-    tool_spec(exam.name, exam.description, PERSONAS, _args(exam), _runner(exam)) for exam in EXAMS.values()
+    tool_spec(exam.name, exam.description, PERSONAS, _args(exam), _runner(exam), depends_on=DEPENDS_ON)
+    for exam in EXAMS.values()
 ]

@@ -59,4 +59,4 @@ def _run(ctx: ClinicContext, args: BaseModel) -> ToolResult:
 
 
 # one tool over a model built from the exam table (its parameters are every exam's), so a table, not @tool
-TOOLS = [tool_spec("order_exam", DESCRIPTION, PERSONAS, Args, _run)]
+TOOLS = [tool_spec("order_exam", DESCRIPTION, PERSONAS, Args, _run, depends_on=("noise",))]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel, ConfigDict, Field
 
 from case_env.core.text_cases import CaseContext
-from case_env.envs.clinic.noise import NoiseConfig, noisy_findings, plan_noise
+from case_env.envs.clinic.noise import NoiseConfig, noisy_findings
 from case_env.medicine.exams import ExamCall, RecordedExam
 
 MAX_EXCHANGES = 64
@@ -68,7 +68,7 @@ class ClinicContext(CaseContext):
             return None
         slot, findings = found[0]
         noise = self.episode.noise
-        kind = plan_noise(case, noise).exams.get(slot)
+        kind = self.cases.plan(case, noise).exams.get(slot)
         if kind is not None:
             findings = noisy_findings(findings, kind, case.case_id, slot, noise.seed, noise.mode)
         return case.exams[slot], findings

@@ -8,6 +8,8 @@ tools answer that no clinic case exists. The LLM patient is used when `CASE_ENV_
 from __future__ import annotations
 
 import logging
+import threading
+from collections import OrderedDict
 from pathlib import Path
 
 from pydantic import Field
@@ -16,10 +18,11 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from case_env.core.llm import ChatClient, LLMSettings
 from case_env.core.text_cases import CaseTable, case_paths
 from case_env.envs.clinic.cases import ClinicCase, load_cases
-from case_env.envs.clinic.noise import NoisePlan
+from case_env.envs.clinic.noise import NoiseConfig, NoisePlan, plan_noise
 from case_env.envs.clinic.patient import LLMPatient, RulePatient
 
 log = logging.getLogger("case_env.envs.clinic")
+PLANS_KEPT = 65536  # noise plans kept: a bank's cases under one configuration, a few hundred bytes each
 
 
 class ClinicSettings(BaseSettings):
@@ -55,6 +58,24 @@ class ClinicCases(CaseTable):
         super().__init__(cases, problems)
         self.llm = llm
         self.fresh = fresh
+        self._plans: OrderedDict[tuple[str, str], NoisePlan] = OrderedDict()
+        self._plans_lock = threading.Lock()
+
+    def plan(self, case: ClinicCase, noise: NoiseConfig) -> NoisePlan:
+        """The case's noise plan under a row's configuration, made once and kept (the most recent
+        `PLANS_KEPT`): every call of every rollout of the case reads the same plan."""
+        key = (case.case_id, noise.model_dump_json())
+        with self._plans_lock:
+            plan = self._plans.get(key)
+            if plan is not None:
+                self._plans.move_to_end(key)
+                return plan
+        plan = plan_noise(case, noise)  # deterministic: a race makes the same plan twice, no harm
+        with self._plans_lock:
+            self._plans[key] = plan
+            while len(self._plans) > PLANS_KEPT:
+                self._plans.popitem(last=False)
+        return plan
 
     @classmethod
     def load(cls, settings: ClinicSettings, data_root: Path | None = None) -> ClinicCases:

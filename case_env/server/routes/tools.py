@@ -305,7 +305,7 @@ async def _run(
         # an inline tool answers faster than its cache key is built; replay answers from recordings; a
         # zero budget turns the cache off
         return await compute()
-    episode_key = episode.model_dump_json() if episode is not None else ""
+    episode_key = episode.model_dump_json(include=spec.context_fields) if episode is not None else ""
     fingerprint = state.fingerprint(env_name, body.patient_id) if state.replay is None else ()
     # the parsed arguments in field order: as canonical as `canonical_arguments` for one tool, a tenth the cost
     key = (spec.name, body.patient_id, args.model_dump_json(), episode_key, fingerprint)
