@@ -224,20 +224,24 @@ def test_a_malformed_context_is_refused_by_name(server, cases_csv, context, prob
     assert reply.status_code == 422 and problem in reply.text and "Traceback" not in reply.text
 
 
+@contextmanager
+def llm_patient(chat: ScriptedChat, dataset, cases_csv, tmp_path, **settings):
+    """A server whose clinic patient is the scripted chat endpoint, with CASE_ENV_CLINIC_PATIENT_<settings>."""
+    with serve_app(chat.app) as llm:
+        patient = {f"CASE_ENV_CLINIC_PATIENT_{k}": v for k, v in settings.items()}
+        with (
+            env(CASE_ENV_CLINIC_CASES=cases_csv, CASE_ENV_CLINIC_PATIENT_URL=f"{llm.url}/v1", **patient),
+            live_server(dataset, tmp_path) as server,
+        ):
+            yield server
+
+
 def test_llm_patient_samples_afresh_falls_back_to_rules_and_never_sees_the_answer(
     dataset, cases_csv, tmp_path
 ):
     case = read_csv(cases_csv).cases[0]
     chat = ScriptedChat(lambda messages: "Oh, it's my chest, doctor. It hurts.")
-    with (
-        serve_app(chat.app) as llm,
-        env(
-            CASE_ENV_CLINIC_CASES=cases_csv,
-            CASE_ENV_CLINIC_PATIENT_URL=f"{llm.url}/v1",
-            CASE_ENV_CLINIC_PATIENT_CACHE=tmp_path / "patient.sqlite",
-        ),
-        live_server(dataset, tmp_path) as server,
-    ):
+    with llm_patient(chat, dataset, cases_csv, tmp_path, CACHE=tmp_path / "patient.sqlite") as server:
         question = {"question": "What brings you in?"}
         first = post(server, "ask_patient", case.case_id, "ep-llm", question, {"noise": {"seed": 1}}).json()
         second = post(
@@ -273,28 +277,12 @@ def test_llm_patient_samples_afresh_falls_back_to_rules_and_never_sees_the_answe
         )
         assert "complete blood count" in sent[4]["content"] and sent[5]["content"] == "Any pain?"
     kept = ScriptedChat(lambda messages: "It started on Monday.")
-    with (
-        serve_app(kept.app) as llm,
-        env(
-            CASE_ENV_CLINIC_CASES=cases_csv,
-            CASE_ENV_CLINIC_PATIENT_URL=f"{llm.url}/v1",
-            CASE_ENV_CLINIC_PATIENT_CACHE_REPLIES="1",
-        ),
-        live_server(dataset, tmp_path / "kept") as server,
-    ):
+    with llm_patient(kept, dataset, cases_csv, tmp_path / "kept", CACHE_REPLIES="1") as server:
         for episode in ("ep-k1", "ep-k2"):
             post(server, "ask_patient", case.case_id, episode, {"question": "Since when?"})
         assert len(kept.requests) == 1  # the option: one reply per conversation, shared by the group
     slow = ScriptedChat(lambda messages: "too late", delay_s=3.0)
-    with (
-        serve_app(slow.app) as llm,
-        env(
-            CASE_ENV_CLINIC_CASES=cases_csv,
-            CASE_ENV_CLINIC_PATIENT_URL=f"{llm.url}/v1",
-            CASE_ENV_CLINIC_PATIENT_TIMEOUT_S="0.5",
-        ),
-        live_server(dataset, tmp_path / "slow") as server,
-    ):
+    with llm_patient(slow, dataset, cases_csv, tmp_path / "slow", TIMEOUT_S="0.5") as server:
         answer = post(
             server, "ask_patient", case.case_id, "ep-slow", {"question": "What brings you in?"}
         ).json()
