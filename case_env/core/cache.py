@@ -1,4 +1,5 @@
-"""A byte-bounded LRU, safe for many threads, loading each key once: decoded volumes, cached responses.
+"""A byte-bounded LRU, safe for many threads, loading each key once: decoded volumes, cached responses; and a
+count-bounded one for small facts derived from the data, each cheap to compute again.
 
 Decoding a `.nii.gz` costs 30-300 ms; a slice of a decoded array costs under a millisecond, so decoded arrays
 are kept. Keys include the file's mtime and size, so a file replaced on disk
@@ -109,3 +110,26 @@ class ByteLRU(Generic[V]):
     def stats(self) -> CacheStats:
         with self._lock:
             return CacheStats(**{**self._stats.__dict__, "bytes": self._bytes, "items": len(self._items)})
+
+
+class Memo:
+    """A small thread-safe LRU of at most `size` derived facts, each cheap to compute again (no single flight:
+    two threads that miss together both compute, and the facts are the same)."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self.items: OrderedDict[Hashable, object] = OrderedDict()
+        self.lock = threading.Lock()
+
+    def get(self, key: Hashable):
+        with self.lock:
+            if key in self.items:
+                self.items.move_to_end(key)
+                return self.items[key]
+        return None
+
+    def put(self, key: Hashable, value: object) -> None:
+        with self.lock:
+            self.items[key] = value
+            while len(self.items) > self.size:
+                self.items.popitem(last=False)

@@ -157,6 +157,20 @@ def _json_call(body: str) -> tuple[str, dict] | None:
     return call["name"], arguments if isinstance(arguments, dict) else {}
 
 
+def chat_call(call: dict) -> tuple[str, Any]:
+    """(name, arguments) of a tool call in a chat message, in the OpenAI shape: `function.arguments` JSON text,
+    parsed (empty text as `{}`), or already an object; None when the text is not JSON, as a model may write
+    it. Whether the arguments must be an object is the caller's to say."""
+    function = call.get("function") or {}
+    arguments = function.get("arguments")
+    if isinstance(arguments, str) or arguments is None:
+        try:
+            arguments = json.loads(arguments or "{}")
+        except json.JSONDecodeError:
+            arguments = None
+    return str(function.get("name", "")), arguments
+
+
 def written_calls(solution_str: str, schemas: dict[str, dict] | None = None) -> list[tuple[str, dict]]:
     """(name, arguments) of every tool call the model wrote, in order, in either format. `schemas` maps a
     tool name to its parameters' properties, for typing XML values (strings without it)."""

@@ -333,6 +333,14 @@ class Dialogue(ABC):
     def ends(self, text: str) -> bool: ...
 
 
+def dialogue_of(env: object, agent_name: str | None) -> Dialogue | None:
+    """The environment's dialogue rules when a row's agent loop is one of the environment's own, else None
+    (verl's stock loops end an episode at the first reply without a tool call)."""
+    if isinstance(env, Dialogue) and isinstance(env, AgentLoops) and agent_name in env.agent_loops:
+        return env
+    return None
+
+
 class Commands(ABC):
     @abstractmethod
     def cli(self, groups: dict[str, typer.Typer]) -> None:

@@ -43,7 +43,6 @@ class ModelSettings:
 REASONING_FIELDS = ("reasoning_content", "reasoning")
 # what a call gets back that the loop did not run (verl's tool_agent runs the first call of a turn)
 NOT_RUN = "Error: not run; one call per turn runs."
-WRITTEN = "<written>"  # the pending calls were written in the message text, not returned as tool calls
 
 
 def reasoning_of(message) -> str:
@@ -77,12 +76,13 @@ class OpenAIPolicy:
         self.turns = 0
         self.malformed = 0
         self._pending: list[str] = []  # ids of the calls whose outputs have not been sent back yet
+        self._written = False  # the last turn wrote its calls in its text, not as tool calls
         self._sent = 0  # observations already in the conversation
 
     def next_turn(self, observations: list[Observation]) -> Turn:
         new = observations[self._sent :]
         self._sent = len(observations)
-        if self._pending == [WRITTEN]:  # calls written in the text: their results in one user turn
+        if self._written:  # calls written in the text: their results in one user turn
             blocks = [f"<tool_response>\n{output.text}\n</tool_response>" for output in new]
             self.messages.append({"role": "user", "content": "\n".join(blocks)})
         elif self._pending:
@@ -92,7 +92,7 @@ class OpenAIPolicy:
                 self.messages.append({"role": "tool", "tool_call_id": call_id, "content": NOT_RUN})
         else:  # a turn of plain text, answered by whoever the loop gives it to (a dialogue's listener)
             self.messages += [{"role": "user", "content": output.text} for output in new]
-        self._pending = []
+        self._pending, self._written = [], False
         while self.turns < self.max_turns:
             self.turns += 1
             sent = [{k: v for k, v in m.items() if k not in REASONING_FIELDS} for m in self.messages]
@@ -126,7 +126,7 @@ class OpenAIPolicy:
                     return Turn(content, reasoning=reasoning)
                 # a model served without a tool parser writes its calls as text (MedExAgent-8B's hermes
                 # blocks), as its own evaluation reads them (`parse_tool_call_tag_from_output`)
-                self._pending = [WRITTEN]
+                self._written = True
                 words = TOOL_CALL.sub("", content).strip()  # the turn writes its calls back itself
                 return Turn(words, written[0], reasoning, tuple(written[1:]))
             ready, broken = [], []

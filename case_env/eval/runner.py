@@ -28,7 +28,7 @@ from case_env.core.bank import Item, load_items
 from case_env.core.calls import FIELD, ExecutedCall
 from case_env.core.client import RetryPolicy, ToolClient
 from case_env.core.environment import Environment
-from case_env.core.parts import AgentLoops, Baselines, Dialogue, PolicyFactory, Variant, evaluation_of
+from case_env.core.parts import Baselines, PolicyFactory, Variant, dialogue_of, evaluation_of
 from case_env.core.policy import Observation, Turn
 from case_env.eval import trajectory
 from case_env.eval.openai_agent import ModelSettings, OpenAIPolicy, chat_client
@@ -166,21 +166,15 @@ class _Rollouts:
         allowed = set(item.extra.get("tool_selection") or [])
         return [schema for name, schema in self.schemas.items() if not allowed or name in allowed]
 
-    def listener(self, item: Item) -> tuple[str, str] | None:
-        """(tool, argument) that answers a turn of plain text, when the row's agent loop is a dialogue (as
-        the loop plays it in training: every call of a turn runs, a turn that `ends` closes the episode)."""
-        env = self.env
-        if isinstance(env, Dialogue) and isinstance(env, AgentLoops) and item.agent_name in env.agent_loops:
-            return env.listener, env.said
-        return None
-
     async def play(self, item: Item, variant: Variant, policy, tools: list[dict]) -> trajectory.Episode:
         loop = asyncio.get_running_loop()
         create = _create_kwargs(item, variant)
         patient = item.extra["patient_id"]
         episode_id = f"eval-{uuid.uuid4().hex}"
-        dialogue = self.listener(item)  # every call of a turn runs, and the environment says when it ends
-        listener = dialogue if variant.speak else None  # and plain text is answered
+        # a row whose loop is a dialogue is played as that loop plays it in training: every call of a turn
+        # runs, the environment says when it ends, and (unless the variant says not) plain text is answered
+        dialogue = dialogue_of(self.env, item.agent_name)
+        listener = (dialogue.listener, dialogue.said) if dialogue is not None and variant.speak else None
         steps: list[Step] = []
         seen: list[Observation] = []
         calls: list[ExecutedCall] = []
@@ -189,7 +183,7 @@ class _Rollouts:
             turn = await loop.run_in_executor(self.pool, policy.next_turn, list(seen))
             step = Step(turn)
             steps.append(step)
-            if dialogue is not None and self.env.ends(turn.text):
+            if dialogue is not None and dialogue.ends(turn.text):
                 break
             if turn.final and listener is None:
                 break
@@ -203,7 +197,7 @@ class _Rollouts:
                     # a tool the row does not offer is refused before any call: in verl's words under
                     # tool_agent, in the environment's words under its own dialogue loop
                     refusal = (
-                        self.env.not_offered
+                        dialogue.not_offered
                         if dialogue is not None
                         else f"Unknown function '{name}'. Available tools: {sorted(offered)}"
                     )

@@ -300,15 +300,16 @@ def token(args: argparse.Namespace) -> str | None:
     return os.environ.get("CASE_ENV_TOKEN") or None
 
 
-def compose(items: list[str]):
-    """verl's own ppo_trainer config with our overrides, as main_ppo would see it."""
+def compose(items: list[str], config_name: str = "ppo_trainer"):
+    """verl's own trainer config (`ppo_trainer`, or another of its trainers') with our overrides, as its
+    entry point would see it."""
     import verl
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
     config_dir = str(Path(verl.__file__).parent / "trainer" / "config")
     with initialize_config_dir(config_dir=config_dir, version_base=None):
-        return hydra_compose(config_name="ppo_trainer", overrides=items)
+        return hydra_compose(config_name=config_name, overrides=items)
 
 
 def validate(config) -> None:

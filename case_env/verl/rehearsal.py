@@ -27,7 +27,7 @@ from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
 from case_env.core import registry
 from case_env.core.calls import call_text
-from case_env.core.parts import Dialogue
+from case_env.core.parts import dialogue_of
 from case_env.verl.dataset import CaseRLHFDataset
 from case_env.verl.model_files import ModelFiles
 from case_env.verl.offline import ScriptedModel, loop_class
@@ -96,9 +96,9 @@ async def _rehearse(files: ModelFiles, config: Any, item: dict, schemas: list[di
     call = offered[0]
     form = config.actor_rollout_ref.rollout.multi_turn.format
     agent = str(item.get("agent_name") or "tool_agent")
-    env = registry.for_row(item["data_source"], item["extra_info"])
+    dialogue = dialogue_of(registry.for_row(item["data_source"], item["extra_info"]), agent)
     # a loop of the environment's own ends on its own form (a dialogue answers plain text, <answer> included)
-    final = f"{FINAL}\n{env.closing}" if isinstance(env, Dialogue) and agent != "tool_agent" else FINAL
+    final = f"{FINAL}\n{dialogue.closing}" if dialogue is not None else FINAL
     turns = [call_text(call["function"]["name"], arguments_for(call), form), final]
     model = ScriptedModel(files.tokenizer, lambda text, images, turn: turns[min(turn, len(turns) - 1)])
     loop = loop_class(agent)(

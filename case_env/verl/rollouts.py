@@ -23,7 +23,7 @@ from verl.tools.tool_registry import load_all_tools
 from case_env.core import registry
 from case_env.core.bank import Item
 from case_env.core.calls import FIELD
-from case_env.core.parts import AgentLoops, Baselines, Dialogue, Variant
+from case_env.core.parts import Baselines, Variant, dialogue_of
 from case_env.core.policy import LoopPolicy
 from case_env.verl.config import path_for, write
 from case_env.verl.dataset import CaseRLHFDataset
@@ -97,11 +97,8 @@ def policy_for(item: dict, form: str = "hermes") -> LoopPolicy:
 
 def listener_of(item: dict) -> tuple[str, str] | None:
     """(tool, argument) that answers plain text in the row's agent loop, when that loop is a dialogue."""
-    env = registry.for_row(item["data_source"], item["extra_info"])
-    loops = env.agent_loops if isinstance(env, AgentLoops) else {}
-    if isinstance(env, Dialogue) and item.get("agent_name") in loops:
-        return env.listener, env.said
-    return None
+    rules = dialogue_of(registry.for_row(item["data_source"], item["extra_info"]), item.get("agent_name"))
+    return (rules.listener, rules.said) if rules is not None else None
 
 
 async def play(

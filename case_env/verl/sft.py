@@ -27,8 +27,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from case_env.core import registry
+from case_env.core.calls import chat_call
 from case_env.core.parts import Recipes, SFTRecipe
 from case_env.eval.sft import sft_rows
+from case_env.verl import launch
 
 
 def sft_recipes() -> dict[str, SFTRecipe]:
@@ -91,13 +93,8 @@ def tools_as_text(messages: list[dict]) -> list[dict]:
         if message.get("role") == "assistant" and message.get("tool_calls"):
             parts = [message["content"]] if message.get("content") else []
             for call in message["tool_calls"]:
-                function = call.get("function") or {}
-                arguments = function.get("arguments") or "{}"
-                try:
-                    arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
-                except json.JSONDecodeError:
-                    arguments = {}
-                body = json.dumps({"name": function.get("name", ""), "arguments": arguments})
+                name, arguments = chat_call(call)
+                body = json.dumps({"name": name, "arguments": {} if arguments is None else arguments})
                 parts.append(f"<tool_call>\n{body}\n</tool_call>")
             out.append({"role": "assistant", "content": "\n\n".join(parts)})
         elif message.get("role") == "tool":
@@ -144,13 +141,8 @@ def overrides(args: argparse.Namespace, recipe: SFTRecipe, train: Path, val: Pat
 
 
 def compose(items: list[str]):
-    import verl
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
-    config_dir = str(Path(verl.__file__).parent / "trainer" / "config")
-    with initialize_config_dir(config_dir=config_dir, version_base=None):
-        return hydra_compose(config_name="sft_trainer_engine", overrides=items)
+    """verl's `sft_trainer_engine` config with our overrides."""
+    return launch.compose(items, "sft_trainer_engine")
 
 
 def check(config, model_is_local: bool) -> list[str]:

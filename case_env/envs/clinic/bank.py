@@ -64,6 +64,11 @@ def offered_exams(case: ClinicCase, seed: int, distractors: int) -> list[str]:
     return chosen
 
 
+def _listing(exams: list[str], interface: Interface) -> str:
+    """The offered exams as the prompt lists them; with `order_exam`, the whole vocabulary."""
+    return tool_text(exams) if interface == "exam_tools" else tool_text(list(EXAMS))
+
+
 def _example(interface: Interface) -> str:
     if interface == "exam_tools":
         return (
@@ -81,7 +86,7 @@ def medexagent_prompt(
     """MedExAgent's RL doctor prompt, as `build_doctor_system_prompt_rl` (`train/rl/dataset.py`, e5b0699) writes
     it, empty fields as `blank` (the case's own by default: "nan" from a case table, as pandas gives them it);
     with `order_exam`, the one tool and its example instead of one tool per exam."""
-    listing = tool_text(exams) if interface == "exam_tools" else tool_text(list(EXAMS))
+    listing = _listing(exams, interface)
     call = '<tool_call>\n{"name": "<tool_name>", "arguments": {"<param>": "<value>", ...}}\n</tool_call>'
     empty = '<tool_call>\n{"name": "<tool_name>", "arguments": {}}\n</tool_call>'
     return f"""You are an experienced physician conducting a medical consultation. Your goal is to gather information from the patient, order appropriate examinations, interpret results, and arrive at a diagnosis.
@@ -128,7 +133,7 @@ INSTRUCTIONS:
 def ask_patient_prompt(case: ClinicCase, persona: PersonaSpec, exams: list[str], interface: Interface) -> str:
     """The prompt of the `ask_patient` channel: MedExAgent's sections, with the patient reached through the
     tool, since a reply without a tool call ends verl's `tool_agent` episode."""
-    listing = tool_text(exams) if interface == "exam_tools" else tool_text(list(EXAMS))
+    listing = _listing(exams, interface)
     how = "call its tool, for example" if interface == "exam_tools" else "use order_exam, for example"
     return f"""{persona.system_prompt}
 

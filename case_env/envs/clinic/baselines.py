@@ -15,9 +15,9 @@ through verl's ToolAgentLoop.
 
 from __future__ import annotations
 
-import json
 import re
 
+from case_env.core.calls import chat_call
 from case_env.core.policy import Observation, Turn
 from case_env.envs.clinic.reward import as_tool
 from case_env.medicine.conditions import CONDITIONS, Condition
@@ -117,10 +117,8 @@ def recorded_observations(messages: list[dict]) -> list[Observation]:
     for message in messages:
         role, text = message.get("role"), str(message.get("content") or "")
         for call in message.get("tool_calls") or []:
-            function = call.get("function") or {}
-            arguments = function.get("arguments") or "{}"
-            parsed = json.loads(arguments) if isinstance(arguments, str) else dict(arguments)
-            calls[call.get("id", "")] = (str(function.get("name", "")), parsed)
+            name, arguments = chat_call(call)
+            calls[call.get("id", "")] = (name, arguments if isinstance(arguments, dict) else {})
         if role == "assistant":
             said = text
         elif role == "tool" and message.get("tool_call_id") in calls:

@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from case_env.core.calls import chat_call
 from case_env.core.casefiles import gather, records, split_of
 from case_env.core.frozen import FrozenDraw
 from case_env.medicine.exams import ExamCall, ExamError, RecordedExam, loaded_exam, raw_findings
@@ -263,15 +264,8 @@ def _conversation_exams(conversation: list) -> list[tuple[str, str]]:
         if not isinstance(message, dict):
             continue
         for call in message.get("tool_calls") or []:
-            function = call.get("function") or {}
-            try:
-                arguments = json.loads(function.get("arguments") or "{}")
-            except json.JSONDecodeError:
-                arguments = {}
-            calls[call.get("id", "")] = (
-                str(function.get("name", "")),
-                arguments if isinstance(arguments, dict) else {},
-            )
+            name, arguments = chat_call(call)
+            calls[call.get("id", "")] = (name, arguments if isinstance(arguments, dict) else {})
         if message.get("role") == "tool" and message.get("tool_call_id") in calls:
             name, arguments = calls.pop(message["tool_call_id"])
             inner = ", ".join(f'{k}="{v}"' for k, v in arguments.items())

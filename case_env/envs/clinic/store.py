@@ -8,13 +8,12 @@ tools answer that no clinic case exists. The LLM patient is used when `CASE_ENV_
 from __future__ import annotations
 
 import logging
-import threading
-from collections import OrderedDict
 from pathlib import Path
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from case_env.core.cache import Memo
 from case_env.core.llm import ChatClient, LLMSettings
 from case_env.core.text_cases import CaseTable, case_paths
 from case_env.envs.clinic.cases import ClinicCase, load_cases
@@ -58,23 +57,16 @@ class ClinicCases(CaseTable):
         super().__init__(cases, problems)
         self.llm = llm
         self.fresh = fresh
-        self._plans: OrderedDict[tuple[str, str], NoisePlan] = OrderedDict()
-        self._plans_lock = threading.Lock()
+        self._plans = Memo(PLANS_KEPT)
 
     def plan(self, case: ClinicCase, noise: NoiseConfig) -> NoisePlan:
         """The case's noise plan under a row's configuration, made once and kept (the most recent
         `PLANS_KEPT`): every call of every rollout of the case reads the same plan."""
         key = (case.case_id, noise.model_dump_json())
-        with self._plans_lock:
-            plan = self._plans.get(key)
-            if plan is not None:
-                self._plans.move_to_end(key)
-                return plan
-        plan = plan_noise(case, noise)  # deterministic: a race makes the same plan twice, no harm
-        with self._plans_lock:
-            self._plans[key] = plan
-            while len(self._plans) > PLANS_KEPT:
-                self._plans.popitem(last=False)
+        plan = self._plans.get(key)
+        if plan is None:  # deterministic: two threads that miss together make the same plan
+            plan = plan_noise(case, noise)
+            self._plans.put(key, plan)
         return plan
 
     @classmethod

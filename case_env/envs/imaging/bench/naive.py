@@ -17,13 +17,14 @@ import nibabel as nib
 import numpy as np
 from fastapi import FastAPI
 
+from case_env.core.cache import Memo
 from case_env.core.resident import require_resident
 from case_env.envs.imaging.data.nifti import Volume
 from case_env.envs.imaging.data.store import PatientStore, _as_labels
 from case_env.envs.imaging.data.volumetry import OrganMeasure, measure
 from case_env.envs.imaging.viewer import render
 from case_env.envs.imaging.viewer.render import Window
-from case_env.envs.imaging.viewer.service import Imaging, _Memo
+from case_env.envs.imaging.viewer.service import Imaging
 
 PILLOW_DEFAULT_PNG_LEVEL = 6  # Pillow's zlib default when no compress_level is given
 
@@ -57,8 +58,8 @@ class NaiveStore(PatientStore):
 class NaiveImaging(Imaging):
     def __init__(self, store: PatientStore, max_side: int = 448):
         super().__init__(store, max_side)
-        self._windows = _Memo(0)  # nothing remembered between calls, nor kept on disk
-        self._extents = _Memo(0)
+        self._windows = Memo(0)  # nothing remembered between calls, nor kept on disk
+        self._extents = Memo(0)
         self._facts = None
 
     def window(self, patient_id: str, channel: str) -> Window:

@@ -13,13 +13,11 @@ disk (`data/derived.py`) for every worker and later server start, and held in me
 from __future__ import annotations
 
 import contextlib
-import threading
-from collections import OrderedDict
-from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from case_env.core.cache import Memo
 from case_env.core.resident import require_resident
 from case_env.core.tools import ToolImage
 from case_env.envs.imaging.data.derived import DerivedFacts
@@ -66,28 +64,6 @@ class RenderedSlice:
         return ToolImage(render.encode_png(self.image), self.image.width, self.image.height)
 
 
-class _Memo:
-    """A small thread-safe LRU for derived facts (windows, extents)."""
-
-    def __init__(self, size: int):
-        self.size = size
-        self.items: OrderedDict[Hashable, object] = OrderedDict()
-        self.lock = threading.Lock()
-
-    def get(self, key: Hashable):
-        with self.lock:
-            if key in self.items:
-                self.items.move_to_end(key)
-                return self.items[key]
-        return None
-
-    def put(self, key: Hashable, value: object) -> None:
-        with self.lock:
-            self.items[key] = value
-            while len(self.items) > self.size:
-                self.items.popitem(last=False)
-
-
 def _world_along(volume: Volume, axis: int, index: float) -> float:
     scale, offset = volume.axes[axis]
     return scale * index + offset
@@ -120,8 +96,8 @@ class Imaging:
     def __init__(self, store: PatientStore, max_side: int = 448):
         self.store = store
         self.max_side = max_side
-        self._windows = _Memo(4096)
-        self._extents = _Memo(4096)  # a visit's extents of every organ each
+        self._windows = Memo(4096)
+        self._extents = Memo(4096)  # a visit's extents of every organ each
         self._palette = self._build_palette()
         self._facts: DerivedFacts | None = DerivedFacts(store.settings.cache_dir / "derived")
 
