@@ -8,12 +8,14 @@ same keys, as verl's reward manager requires; one verl batch should hold rows of
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from functools import cache
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from case_env.core import registry
+from case_env.core import llm, registry
 from case_env.core.problems import describe_errors
 
 if TYPE_CHECKING:
@@ -24,6 +26,15 @@ if TYPE_CHECKING:
 # is read, and the cut is logged.
 MAX_SOLUTION_CHARS = 1_000_000
 log = logging.getLogger(__name__)
+
+
+@cache
+def score_deadline_s() -> float:
+    """CASE_ENV_SCORE_DEADLINE_S (the server's setting, 30 s): what scoring one row may take, its judge
+    included."""
+    from case_env.server.settings import ServerSettings
+
+    return ServerSettings().score_deadline_s
 
 
 def capped(solution_str: str | None) -> str:
@@ -54,14 +65,41 @@ def environment_of(data_source: str, extra_info: dict | None) -> Environment:
     return registry.for_row(data_source, extra_info)
 
 
-def compute_score(
+def score_row(
     data_source: str,
     solution_str: str,
     ground_truth: str,
     extra_info: dict | None = None,
     **kwargs: Any,
 ) -> dict[str, Any]:
+    """The row's reward, in this thread (eval, `/v1/score`, tests); a judge is asked through the same pooled
+    client as `compute_score`'s, this thread waiting for it."""
     env = environment_of(data_source, extra_info)
-    return env.score(
-        capped(solution_str), ground_truth, extra_info if isinstance(extra_info, dict) else None
-    ).flat()
+    extra = extra_info if isinstance(extra_info, dict) else None
+    return env.score(capped(solution_str), ground_truth, extra).flat()
+
+
+async def compute_score(
+    data_source: str,
+    solution_str: str,
+    ground_truth: str,
+    extra_info: dict | None = None,
+    **kwargs: Any,
+) -> dict[str, Any]:
+    """verl's entry point, a coroutine: verl's reward loop awaits it (a plain function it would run in its
+    loop's default executor, a handful of threads, each held for a judge's whole round trip). The reward's own
+    work runs in a thread, its judge requests go out together and are awaited here (`llm.asked_ahead`).
+    Past `CASE_ENV_SCORE_DEADLINE_S` the deterministic fallback scores the row, so verl's own timeout, which
+    would give the row other keys than its batch's, never fires first (the launcher sets it higher)."""
+    env = environment_of(data_source, extra_info)
+    extra = extra_info if isinstance(extra_info, dict) else None
+    text = capped(solution_str)
+
+    def scored() -> dict[str, Any]:
+        return env.score(text, ground_truth, extra).flat()
+
+    try:
+        return await asyncio.wait_for(llm.asked_ahead(scored, llm.default_judge()), score_deadline_s())
+    except TimeoutError:
+        log.warning("a %s row passed its scoring deadline; scored without its judge", data_source)
+        return await asyncio.to_thread(llm.offline, scored)

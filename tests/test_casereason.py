@@ -4,6 +4,7 @@ server and `case-env eval` figures for the scripted baselines."""
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import json
 import os
@@ -217,8 +218,8 @@ def test_k_attempt_accounting_independent():
     assert (
         casereason_score("<answer>GCA</answer>", "giant cell arteritis", {})["format_ok"] is False
     )  # no <think>
-    via_verl_entry = compute_score(
-        "casereason", "<think>x</think><answer>GCA</answer>", "giant cell arteritis", {}
+    via_verl_entry = asyncio.run(  # verl awaits the entry point
+        compute_score("casereason", "<think>x</think><answer>GCA</answer>", "giant cell arteritis", {})
     )
     assert via_verl_entry["acc"] == 1.0
 

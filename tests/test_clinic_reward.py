@@ -11,7 +11,7 @@ from case_env.core.llm import ChatClient, LLMSettings
 from case_env.envs.clinic.reward import appropriateness, clinic_score, ordered_tools, strict_cost
 from case_env.medicine.diagnosis import conditions, count_matches, judge, judge_messages, same_condition
 from case_env.medicine.exams import parse_exam_string
-from case_env.reward import compute_score
+from case_env.reward import score_row
 from tests.chat_stub import ScriptedChat
 from tests.server_harness import serve_app
 
@@ -125,7 +125,7 @@ def test_score_components_are_returned_separately():
     assert medexagent["acc"] == 1.0 and medexagent["profile"] == "medexagent"
     assert set(medexagent) == set(good)  # both profiles return the same keys
     # the verl entry point dispatches clinic rows to this reward
-    assert compute_score("clinic_synthetic", trajectory(), "Pneumonia", EXTRA) == clinic_score(
+    assert score_row("clinic_synthetic", trajectory(), "Pneumonia", EXTRA) == clinic_score(
         trajectory(), "Pneumonia", EXTRA
     )
 

@@ -524,3 +524,97 @@ def test_exam_answers_are_shared_across_episodes_that_asked_different_questions(
             server, exam.name, case.case_id, "ep-9", exam.as_arguments(), {"noise": {**noise, "seed": 4}}
         )
         assert other.json()["ok"] and made == [case.case_id, case.case_id]  # another assignment, another plan
+
+
+def test_a_steps_episodes_wait_on_the_patient_together_and_never_hold_up_other_calls(
+    dataset, cases_csv, tmp_path
+):
+    """Episodes waiting on an LLM patient are awaited on the server's loop, not in its two text threads: 256
+    episodes asking a 0.5 s patient at once go out 64 at a time (the endpoint's bound, reached and never
+    passed), and an exam and an imaging call made meanwhile answer while they wait."""
+    import asyncio
+    import time
+
+    from case_env.bench.standin import StandInProcess
+
+    cases = read_csv(cases_csv).cases
+    exam = cases[0].exams[0].call
+    with (
+        StandInProcess(latency_ms=500, reply="It began on Monday.") as model,
+        env(
+            CASE_ENV_CLINIC_CASES=cases_csv,
+            CASE_ENV_CLINIC_PATIENT_URL=model.url,
+            CASE_ENV_CLINIC_PATIENT_CONCURRENCY=64,
+        ),
+        live_server(dataset, tmp_path) as server,
+    ):
+        imaging_patient = "case0001"  # of the imaging dataset beside the clinic cases
+
+        async def step() -> tuple[list[dict], float, list[tuple[str, float]]]:
+            many = httpx.Limits(max_connections=1024)
+            async with httpx.AsyncClient(base_url=server.url, timeout=60, limits=many) as client:
+
+                async def call(tool, patient, episode, arguments, context=None):
+                    body = {"episode_id": episode, "patient_id": patient, "arguments": arguments}
+                    if context is not None:
+                        body["context"] = context
+                    return (await client.post(f"/v1/tools/{tool}", json=body)).json()
+
+                began = time.perf_counter()
+                asks = [
+                    asyncio.create_task(
+                        call(
+                            "ask_patient",
+                            cases[n % len(cases)].case_id,
+                            f"ep-{n}",
+                            {"question": "Since when?"},
+                        )
+                    )
+                    for n in range(256)
+                ]
+                await asyncio.sleep(0.3)
+                others = []
+                for tool, patient, arguments in (
+                    (exam.name, cases[0].case_id, exam.as_arguments()),
+                    ("list_visits", imaging_patient, {}),
+                ):
+                    answer = await call(tool, patient, f"other-{tool}", arguments)
+                    assert answer["ok"], answer
+                    others.append((tool, sum(not a.done() for a in asks)))
+                answers = await asyncio.gather(*asks)
+                return answers, time.perf_counter() - began, others
+
+        answers, elapsed, others = asyncio.run(step())
+        assert all(a["ok"] and a["text"] == "It began on Monday." for a in answers)
+        assert model.stats()["peak_in_flight"] == 64 and model.stats()["requests"] == 256
+        # answered while most of the step still waited on the patient
+        assert all(waiting > 128 for _, waiting in others), others
+        # four rounds of 0.5 s; the two text threads the patient used to block would need 64 s
+        assert elapsed < 16, elapsed
+
+
+def test_a_failing_patient_falls_back_to_the_rules_counted_in_metrics_and_the_episode_log(
+    dataset, cases_csv, tmp_path
+):
+    from case_env.bench.standin import StandInProcess
+
+    case = read_csv(cases_csv).cases[0]
+    with (
+        StandInProcess(failure_rate=1.0) as model,
+        env(
+            CASE_ENV_CLINIC_CASES=cases_csv,
+            CASE_ENV_CLINIC_PATIENT_URL=model.url,
+            CASE_ENV_CLINIC_PATIENT_RETRIES=1,
+        ),
+        live_server(dataset, tmp_path) as server,
+    ):
+        for n in range(3):
+            answer = post(
+                server, "ask_patient", case.case_id, f"ep-f{n}", {"question": "What brings you in?"}
+            )
+            assert answer.json()["ok"] and case.symptoms.split(".")[0] in answer.json()["text"]  # the rules'
+        assert model.stats()["requests"] == 6  # each asked twice (one retry), every answer a 500
+        scraped = httpx.get(f"{server.url}/metrics", timeout=10).text
+        assert 'case_env_model_fallbacks_total{tool="ask_patient"} 3.0' in scraped
+        logged = httpx.get(f"{server.url}/v1/episodes/ep-f0", timeout=10).json()
+        assert logged["calls"][0]["fallback"].startswith("the LLM patient did not answer")

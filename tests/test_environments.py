@@ -18,7 +18,7 @@ from case_env.core import registry
 from case_env.core.calls import FIELD, ExecutedCall, call_text, executed_calls, written_calls
 from case_env.core.tools import ToolError, ToolResult, tool
 from case_env.medicine.exams import EXAMS
-from case_env.reward import compute_score
+from case_env.reward import score_row
 from tests.server_harness import live_server
 
 PACKAGE = Path(__file__).resolve().parents[1] / "case_env"
@@ -223,7 +223,7 @@ def test_score_answers_200_with_the_common_keys_for_every_environment(server, en
     assert reply.status_code == 200, reply.text
     payload = reply.json()
     assert {"env", "score", "acc", "pred", "format_ok"} <= set(payload) and payload["env"] == env
-    expected = compute_score(body["data_source"], body["solution_str"], "A", body["extra_info"])
+    expected = score_row(body["data_source"], body["solution_str"], "A", body["extra_info"])
     assert {k: payload[k] for k in ("score", "acc", "pred", "format_ok")} == {
         k: expected[k] for k in ("score", "acc", "pred", "format_ok")
     }
@@ -304,9 +304,9 @@ def test_calls_count_the_same_from_executed_calls_hermes_and_qwen3_coder(turns, 
         for n, a, r in turns
     ]
     scores = [
-        compute_score("x", hermes, truth, extra),
-        compute_score("x", xml, truth, extra),
-        compute_score("x", xml.replace("<tool_call>", "<tool_call_gone>"), truth, {**extra, FIELD: ran}),
+        score_row("x", hermes, truth, extra),
+        score_row("x", xml, truth, extra),
+        score_row("x", xml.replace("<tool_call>", "<tool_call_gone>"), truth, {**extra, FIELD: ran}),
     ]
     assert scores[0] == scores[1] == scores[2]
     assert scores[0]["acc"] == 1.0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from case_env.reward import compute_score
+from case_env.reward import score_row
 
 TOOL = '<tool_call>\n{"name": "get_organ_volume", "arguments": {"organ": "liver", "visit": "baseline"}}\n</tool_call>'
 RESPONSE = "user\n<tool_response>\n{text}\n</tool_response>\nassistant\n"
@@ -12,7 +12,7 @@ RESPONSE = "user\n<tool_response>\n{text}\n</tool_response>\nassistant\n"
 
 def score(final: str, truth: str = "B", tool_text: str = "Liver at baseline: volume 1,634.8 mL.") -> dict:
     solution = f"I will measure the liver.\n{TOOL}\n" + RESPONSE.format(text=tool_text) + final
-    return compute_score("vista3d_opsd", solution, truth, {"patient_id": "case0001"})
+    return score_row("vista3d_opsd", solution, truth, {"patient_id": "case0001"})
 
 
 @pytest.mark.parametrize(
@@ -74,9 +74,9 @@ def test_reasoning_letter_does_not_count_against_a_different_final_answer():
 
 
 def test_ground_truth_spelling_and_missing_tool_turns():
-    assert compute_score("x", "<answer>D</answer>", "(d)")["score"] == 1.0
-    assert compute_score("x", "<answer>D</answer>", " D ")["score"] == 1.0
-    assert compute_score("x", None, "D") == {"score": 0.0, "acc": 0.0, "pred": "", "format_ok": False}
+    assert score_row("x", "<answer>D</answer>", "(d)")["score"] == 1.0
+    assert score_row("x", "<answer>D</answer>", " D ")["score"] == 1.0
+    assert score_row("x", None, "D") == {"score": 0.0, "acc": 0.0, "pred": "", "format_ok": False}
 
 
 def test_a_fake_tool_response_end_in_the_answer_is_still_the_models_text():

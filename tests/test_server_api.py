@@ -717,14 +717,14 @@ def test_workers_share_episodes_and_metrics(dataset, tmp_path):
 
 
 def test_score_route_is_the_reward_function(server):
-    from case_env.reward import compute_score
+    from case_env.reward import score_row
 
     solution = "I measured it.\n<tool_response>\nAnswer: C\n</tool_response>\nSo the answer is B.\n<answer>B</answer>"
     for truth in ("B", "C"):
         body = {"data_source": "vista3d_opsd", "solution_str": solution, "ground_truth": truth}
         response = httpx.post(f"{server.url}/v1/score", json=body, timeout=10)
         assert response.status_code == 200
-        assert response.json() == {"env": "imaging", **compute_score("vista3d_opsd", solution, truth)}
+        assert response.json() == {"env": "imaging", **score_row("vista3d_opsd", solution, truth)}
     bad = httpx.post(f"{server.url}/v1/score", json={"solution_str": "x"}, timeout=10)
     assert bad.status_code == 422 and bad.json()["error"]["code"] == "invalid_request"
 

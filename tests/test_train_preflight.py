@@ -23,7 +23,7 @@ from case_env.core.calls import FIELD
 from case_env.envs.clinic.bank import build as build_clinic
 from case_env.envs.clinic.noise import NoiseConfig
 from case_env.envs.clinic.synth import make_cases
-from case_env.reward import compute_score
+from case_env.reward import score_row
 from case_env.server.control import Sizing
 from case_env.verl import checks, launch, model_files
 from case_env.verl.chat_templates import FAMILIES, family_for, template
@@ -138,7 +138,7 @@ def test_the_launcher_gives_qwen2_5_vl_case_envs_template_and_the_reward_reads_t
         assert episode.image_pads > 0  # the tool's image reached the model as vision tokens
         tail = final_segment(episode.response)
         assert TOOL_OUTPUT not in tail and tail.strip().endswith(FINAL)
-        score = compute_score(item["data_source"], episode.response, "B", item["extra_info"])
+        score = score_row(item["data_source"], episode.response, "B", item["extra_info"])
         assert (score["pred"], score["acc"]) == ("B", 1.0)
 
 

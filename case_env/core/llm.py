@@ -1,44 +1,91 @@
-"""A small client for OpenAI-compatible chat endpoints, at temperature 0 by default and with a persistent cache.
+"""A client for OpenAI-compatible chat endpoints: asynchronous underneath, bounded per endpoint, with a cache.
 
-Used where an environment may consult a language model (a simulated patient, a judge of answers). Rewards must
-not drift between runs and a GRPO group must see one answer, so every answer is cached on disk by a hash of
-(model, messages, parameters): the second time the same question is asked, the endpoint is not. A caller
-reproducing a published system samples as it did: MedExAgent's patient and judge ran at 0.7 and were asked
-afresh every time (`fresh=True`); its callers keep the cached single sample as an option for rewards that
-stay a function of the trajectory.
+Used where an environment may consult a language model (a simulated patient, a judge of answers), at the
+scale of a training step: a verl step of 64 prompts x 16 samples puts 1,024 episodes on a patient and 1,024
+rewards on a judge at once. Every endpoint (base URL and key) has, per process, one `Endpoint`: one
+connection pool, at most `concurrency` requests in flight, the rest waiting in its queue, every request
+bounded by the caller's `timeout_s` (queue included) and retried after a connection error, a 429 or a 5xx
+while that budget lasts. Endpoints live on one event loop of their own in a daemon thread, so the server's
+loop, verl's reward loop and plain threads (eval, `/v1/score`) share the same pool and the same bound:
+`acomplete` awaits a reply without holding a thread, `complete` blocks its caller's thread for it.
+
+Rewards must not drift between runs and a GRPO group may need one answer, so replies are cached on disk by a
+hash of (model, messages, parameters) unless asked `fresh`: a published system that samples anew on every
+call (MedExAgent's patient and judge at 0.7) is reproduced with `fresh=True`.
 A failure (timeout, HTTP error, malformed reply) returns None and is never cached; callers fall back to
 their deterministic rules.
+
+A reward written as a plain function asks its judge through `asked_judge()`. `asked_ahead` runs such a function
+with every judge request of a pass sent concurrently and awaited on the loop (the function re-run with the
+replies), so a coroutine reward and the synchronous one share a single definition of the score.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
 import os
+import random
 import sqlite3
 import threading
-from dataclasses import dataclass
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
+from typing import Any, Protocol, TypeVar
 
 import httpx
 from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 log = logging.getLogger("case_env.core.llm")
+T = TypeVar("T")
+# vLLM's scheduler takes 256 sequences at once by default (`max_num_seqs`); past it requests wait in its queue,
+# where they cost more than in ours (their prompt is held and counted against its timeout)
+DEFAULT_CONCURRENCY = 256
+BACKOFF_S = 0.25  # the first retry's wait, doubled after each, with jitter
+
+
+_ANSWER_BY: ContextVar[float | None] = ContextVar("case_env_answer_by", default=None)
+
+
+@contextmanager
+def answer_within(seconds: float) -> Iterator[None]:
+    """Requests made inside give up after at most `seconds` (from now), whatever their own timeout: a caller
+    with a deadline of its own (a tool call) keeps the time to answer by its fallback."""
+    token = _ANSWER_BY.set(time.monotonic() + seconds)
+    try:
+        yield
+    finally:
+        _ANSWER_BY.reset(token)
+
+
+def _budget(timeout_s: float) -> float:
+    answer_by = _ANSWER_BY.get()
+    return timeout_s if answer_by is None else min(timeout_s, answer_by - time.monotonic())
 
 
 class LLMSettings(BaseModel):
     base_url: str = Field(description="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8001/v1.")
     model: str = Field(description="Model name sent with each request.")
     api_key_env: str = Field("OPENAI_API_KEY", description="Environment variable holding the API key.")
-    timeout_s: float = Field(10.0, gt=0, description="Per-request timeout; past it the caller falls back.")
+    timeout_s: float = Field(
+        10.0, gt=0, description="What one reply may take, its wait in the queue included; past it, fallback."
+    )
     max_tokens: int = Field(256, ge=1, description="Longest reply.")
     temperature: float = Field(
         0.0, ge=0, le=2, description="Sampling temperature; a cached reply is reused at any temperature."
     )
     cache_path: Path | None = Field(None, description="SQLite cache file; None keeps the cache in memory.")
+    concurrency: int = Field(
+        DEFAULT_CONCURRENCY, ge=1, description="Requests in flight to the endpoint from this process."
+    )
+    retries: int = Field(2, ge=0, description="Attempts after a failed one (connection error, 429, 5xx).")
 
 
 @dataclass(frozen=True)
@@ -47,15 +94,179 @@ class Reply:
     cached: bool
 
 
+class _Loop:
+    """The event loop the endpoints run on, in a daemon thread of this process (made again after a fork)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pid = 0
+
+    def get(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None or self._pid != os.getpid():
+                loop = asyncio.new_event_loop()
+                threading.Thread(target=loop.run_forever, name="case-env-llm", daemon=True).start()
+                self._loop, self._pid = loop, os.getpid()
+                _ENDPOINTS.clear()  # a forked child's endpoints belonged to its parent's loop
+            return self._loop
+
+
+_LOOP = _Loop()
+
+
+def run_sync(coroutine: Coroutine[Any, Any, T]) -> T:
+    """The coroutine's result, run on the endpoints' loop, blocking this (non-loop) thread until it is done."""
+    loop = _LOOP.get()
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is loop:
+        coroutine.close()
+        raise RuntimeError("run_sync called on the endpoints' own loop; await the coroutine instead")
+    return asyncio.run_coroutine_threadsafe(coroutine, loop).result()
+
+
+async def run_async(coroutine: Coroutine[Any, Any, T]) -> T:
+    """The coroutine's result, run on the endpoints' loop and awaited from whichever loop is running."""
+    loop = _LOOP.get()
+    if asyncio.get_running_loop() is loop:
+        return await coroutine
+    return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coroutine, loop))
+
+
+@dataclass
+class EndpointStats:
+    sent: int = 0  # attempts sent
+    failed: int = 0  # requests that ended without a reply (the caller fell back)
+    retried: int = 0
+    waiting: int = 0  # in the queue now
+    in_flight: int = 0
+    peak_in_flight: int = 0
+
+
+@dataclass
+class Endpoint:
+    """One endpoint's connection pool, its bound on requests in flight and the queue behind it. Made on the
+    endpoints' loop and used only there."""
+
+    base_url: str
+    headers: dict[str, str]
+    concurrency: int
+    stats: EndpointStats = field(default_factory=EndpointStats)
+
+    def __post_init__(self) -> None:
+        limits = httpx.Limits(max_connections=self.concurrency, max_keepalive_connections=self.concurrency)
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url, headers=self.headers, limits=limits, timeout=None
+        )
+        self._slots = asyncio.Semaphore(self.concurrency)
+
+    def widen(self, concurrency: int) -> None:
+        """Raise the bound to `concurrency` (two clients of one endpoint asked for different bounds: the larger
+        stands, since the pool is one)."""
+        for _ in range(concurrency - self.concurrency):
+            self._slots.release()
+        self.concurrency = max(self.concurrency, concurrency)
+
+    async def post(self, body: dict, timeout_s: float, retries: int) -> str | None:
+        """The reply's text, or None when no attempt succeeded within `timeout_s` (the queue's wait counted)."""
+        deadline = time.monotonic() + timeout_s
+        stats = self.stats
+        stats.waiting += 1
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._slots.acquire()
+        except TimeoutError:
+            stats.waiting -= 1
+            stats.failed += 1
+            log.warning("LLM endpoint %s: no free slot within %g s; falling back", self.base_url, timeout_s)
+            return None
+        stats.waiting -= 1
+        stats.in_flight += 1
+        stats.peak_in_flight = max(stats.peak_in_flight, stats.in_flight)
+        try:
+            return await self._attempts(body, deadline, retries)
+        finally:
+            stats.in_flight -= 1
+            self._slots.release()
+
+    async def _attempts(self, body: dict, deadline: float, retries: int) -> str | None:
+        for attempt in range(retries + 1):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            self.stats.sent += 1
+            try:
+                reply = await self._http.post("/chat/completions", json=body, timeout=remaining)
+            except httpx.HTTPError as exc:
+                reason = type(exc).__name__
+            else:
+                if reply.status_code == 429 or reply.status_code >= 500:
+                    reason = f"HTTP {reply.status_code}"
+                elif reply.status_code >= 400:
+                    return self._failed(
+                        f"HTTP {reply.status_code}"
+                    )  # the request is wrong: again is no better
+                else:
+                    return self._text(reply)
+            wait = BACKOFF_S * 2**attempt * random.uniform(0.5, 1.5)
+            if attempt == retries or time.monotonic() + wait >= deadline:
+                return self._failed(reason)
+            self.stats.retried += 1
+            await asyncio.sleep(wait)
+        return self._failed("timed out")
+
+    def _text(self, reply: httpx.Response) -> str | None:
+        try:
+            text = reply.json()["choices"][0]["message"]["content"]
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            return self._failed(f"malformed reply ({type(exc).__name__})")
+        if not isinstance(text, str) or not text.strip():
+            return self._failed("empty reply")
+        return text
+
+    def _failed(self, reason: str) -> None:
+        self.stats.failed += 1
+        log.warning("LLM endpoint %s failed (%s); falling back", self.base_url, reason)
+        return None
+
+
+_ENDPOINTS: dict[tuple[str, str], Endpoint] = {}
+
+
+async def _endpoint(base_url: str, key: str, concurrency: int) -> Endpoint:
+    found = _ENDPOINTS.get((base_url, key))
+    if found is None:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        found = _ENDPOINTS[(base_url, key)] = Endpoint(base_url, headers, concurrency)
+    elif concurrency > found.concurrency:
+        found.widen(concurrency)
+    return found
+
+
+def endpoint_stats() -> dict[str, EndpointStats]:
+    """Each endpoint of this process by URL (for metrics and benchmarks)."""
+    return {endpoint.base_url: endpoint.stats for endpoint in list(_ENDPOINTS.values())}
+
+
+class Asker(Protocol):
+    """What a reward or a patient asks a model through: a `ChatClient`, or a stand-in holding its replies."""
+
+    def complete(
+        self, messages: list[dict], temperature: float | None = None, fresh: bool = False
+    ) -> Reply | None: ...
+
+
 class ChatClient:
+    """A model at one endpoint with its settings and reply cache; `complete` for threads, `acomplete` for
+    coroutines, both through the endpoint's one pool and bound."""
+
     def __init__(self, settings: LLMSettings):
         self.settings = settings
-        key = os.environ.get(settings.api_key_env, "")
-        self._http = httpx.Client(
-            base_url=settings.base_url.rstrip("/"),
-            timeout=settings.timeout_s,
-            headers={"Authorization": f"Bearer {key}"} if key else {},
-        )
+        self._base_url = settings.base_url.rstrip("/")
+        self._key = os.environ.get(settings.api_key_env, "")
         self._lock = threading.Lock()
         path = settings.cache_path
         if path is not None:
@@ -65,7 +276,8 @@ class ChatClient:
         self._db.execute("CREATE TABLE IF NOT EXISTS replies (key TEXT PRIMARY KEY, text TEXT NOT NULL)")
         self.requests = 0  # sent to the endpoint (cache misses), for metrics and tests
 
-    def _key(self, messages: list[dict], temperature: float) -> str:
+    def key(self, messages: list[dict], temperature: float | None = None) -> str:
+        temperature = self.settings.temperature if temperature is None else temperature
         blob = json.dumps(
             [self.settings.model, self.settings.max_tokens, temperature, messages], sort_keys=True
         )
@@ -76,9 +288,15 @@ class ChatClient:
     ) -> Reply | None:
         """The reply to `messages` (at the settings' temperature unless one is given), or None on failure.
         `fresh`: a new sample, neither read from the cache nor kept in it (a published system that samples
-        its judge or patient anew on every call)."""
+        its judge or patient anew on every call). Blocks this thread; never call it on a running loop."""
+        return run_sync(self.acomplete(messages, temperature, fresh))
+
+    async def acomplete(
+        self, messages: list[dict], temperature: float | None = None, fresh: bool = False
+    ) -> Reply | None:
+        """`complete` for a coroutine: awaits the reply without holding a thread."""
         temperature = self.settings.temperature if temperature is None else temperature
-        key = self._key(messages, temperature)
+        key = self.key(messages, temperature)
         if not fresh:
             with self._lock:
                 row = self._db.execute("SELECT text FROM replies WHERE key = ?", (key,)).fetchone()
@@ -90,37 +308,40 @@ class ChatClient:
             "temperature": temperature,
             "max_tokens": self.settings.max_tokens,
         }
+        budget = _budget(self.settings.timeout_s)
+        if budget <= 0:
+            return None
         self.requests += 1
-        try:
-            reply = self._http.post("/chat/completions", json=body)
-            reply.raise_for_status()
-            text = reply.json()["choices"][0]["message"]["content"]
-        except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
-            log.warning("LLM endpoint failed (%s); falling back", type(exc).__name__)
+        text = await run_async(self._post(body, budget))
+        if text is None:
             return None
-        if not isinstance(text, str) or not text.strip():
-            return None
-        if fresh:
-            return Reply(text, cached=False)
-        with self._lock:
-            self._db.execute("INSERT OR REPLACE INTO replies (key, text) VALUES (?, ?)", (key, text))
-            self._db.commit()
+        if not fresh:
+            with self._lock:
+                self._db.execute("INSERT OR REPLACE INTO replies (key, text) VALUES (?, ?)", (key, text))
+                self._db.commit()
         return Reply(text, cached=False)
 
+    async def _post(self, body: dict, timeout_s: float) -> str | None:
+        s = self.settings
+        endpoint = await _endpoint(self._base_url, self._key, s.concurrency)
+        return await endpoint.post(body, timeout_s, s.retries)
+
     def close(self) -> None:
-        self._http.close()
         self._db.close()
 
 
 class JudgeSettings(BaseSettings):
     """The optional answer judge of the text environments (CASE_ENV_JUDGE_URL, CASE_ENV_JUDGE_MODEL,
-    CASE_ENV_JUDGE_TIMEOUT_S, CASE_ENV_JUDGE_CACHE); off when no URL is set."""
+    CASE_ENV_JUDGE_TIMEOUT_S, CASE_ENV_JUDGE_CONCURRENCY, CASE_ENV_JUDGE_RETRIES, CASE_ENV_JUDGE_CACHE); off
+    when no URL is set."""
 
     model_config = SettingsConfigDict(env_prefix="CASE_ENV_JUDGE_", extra="ignore")
 
     url: str | None = None
     model: str = "gpt-4.1-mini"
     timeout_s: float = 20.0
+    concurrency: int = Field(DEFAULT_CONCURRENCY, ge=1)
+    retries: int = Field(2, ge=0)
     cache: str | None = None
 
 
@@ -137,5 +358,81 @@ def default_judge() -> ChatClient | None:
             timeout_s=settings.timeout_s,
             max_tokens=64,
             cache_path=Path(settings.cache) if settings.cache else None,
+            concurrency=settings.concurrency,
+            retries=settings.retries,
         )
     )
+
+
+_ASKING: ContextVar[Asker | None] = ContextVar("case_env_judge_asking", default=None)
+
+
+def asked_judge() -> Asker | None:
+    """The judge a reward asks: the process's (`default_judge`), or, inside `asked_ahead`, the replies
+    fetched for this scoring."""
+    return _ASKING.get() or default_judge()
+
+
+class _Ahead:
+    """A judge answering from replies already fetched; a question it has no reply for is noted for the next
+    round and answered None (no reply: the reward's own fallback) this time."""
+
+    def __init__(self, client: ChatClient | None, replies: dict[str, Reply | None], offline: bool = False):
+        self.client = client
+        self.replies = replies
+        self.offline = offline
+        self.missing: dict[str, tuple[list[dict], float | None, bool]] = {}
+
+    def complete(
+        self, messages: list[dict], temperature: float | None = None, fresh: bool = False
+    ) -> Reply | None:
+        if self.client is None:
+            return None
+        key = self.client.key(messages, temperature)
+        if key in self.replies:
+            return self.replies[key]
+        if not self.offline:
+            self.missing[key] = (messages, temperature, fresh)
+        return None
+
+
+MAX_ROUNDS = 8  # a reward asks again in the light of a reply (case reasoning: the next attempt after a "no")
+
+
+async def asked_ahead(
+    score: Callable[[], T],
+    client: ChatClient | None,
+    run: Callable[[Callable[[], T]], Awaitable[T]] = asyncio.to_thread,
+) -> T:
+    """`score()`, a plain function that asks its judge through `asked_judge()`, with every judge request sent at
+    once and awaited on the loop: a pass with no replies notes what it asks, the requests go out together,
+    and the function runs again with their replies, until a pass asks nothing new. Each pass runs through
+    `run` (a thread by default: the function's own work is CPU). Without a judge, one pass."""
+    if client is None:
+        return await run(score)
+    replies: dict[str, Reply | None] = {}
+    for _ in range(MAX_ROUNDS):
+        ahead = _Ahead(client, replies)
+        result = await run(_with(ahead, score))
+        if not ahead.missing:
+            return result
+        asked = list(ahead.missing.items())
+        got = await asyncio.gather(*(client.acomplete(m, t, f) for _, (m, t, f) in asked))
+        replies.update(zip([k for k, _ in asked], got, strict=True))
+    return await run(_with(_Ahead(client, replies, offline=True), score))
+
+
+def offline(score: Callable[[], T]) -> T:
+    """`score()` with its judge answering nothing, so its deterministic fallback decides (past a deadline)."""
+    return _with(_Ahead(None, {}, offline=True), score)()
+
+
+def _with(asker: _Ahead, score: Callable[[], T]) -> Callable[[], T]:
+    def scored() -> T:
+        token = _ASKING.set(asker)
+        try:
+            return score()
+        finally:
+            _ASKING.reset(token)
+
+    return scored

@@ -277,6 +277,12 @@ class Benchmarks:
     bench_mixes: ClassVar[Mapping[str, Plan]] = {}
 
 
+class Judged:
+    """Its reward may ask the language-model judge (`CASE_ENV_JUDGE_URL`, `core.llm.default_judge`): a run
+    with a judge configured gets verl's rate-limited reward manager (concurrency, requests and tokens per
+    minute), which awaits the coroutine reward."""
+
+
 @dataclass(frozen=True)
 class Recipe:
     """A training recipe: the verl overrides that differ from the launcher's base recipe, and the defaults

@@ -13,7 +13,8 @@ the server runs it: `renders` (it draws images, so it runs in the render pool), 
 the same episode need its answer, so the caller keeps it; see `Environment.episode_context`), `inline` (it
 answers from memory and never blocks, so it runs on the event loop) and `resident` (every read goes through a
 store that guards its I/O, so the server first tries it on the event loop and falls back to the pool when data
-is not yet in memory; see `case_env.core.resident`). A module may instead define `TOOLS`, a list of
+is not yet in memory; see `case_env.core.resident`). An `async def` tool (one that awaits a language model)
+is awaited on the server's event loop, holding no thread while it waits. A module may instead define `TOOLS`, a list of
 `ToolSpec` built from a table (`tool_spec` makes one), when many tools share one handler and differ only in
 data. The personas a tool names must be personas of its environment: checked when the environment loads.
 Tools are pure functions of (case data, arguments, episode context): the case comes from the call, never
@@ -96,6 +97,9 @@ class ToolResult:
     images: tuple[ToolImage, ...] = ()
     # a sample (a language model asked afresh), not a function of the call: never cached nor shared
     sampled: bool = False
+    # the model this tool asks did not answer and its deterministic stand-in did (why, in a few words):
+    # counted in /metrics and written to the episode log, and, like a sample, neither cached nor shared
+    fallback: str | None = None
 
 
 @dataclass
@@ -132,6 +136,9 @@ class ToolSpec:
     # the fields of the episode context its answer depends on (None: all of them); the server's response
     # cache keys on these alone, so calls whose contexts differ elsewhere share one answer
     depends_on: tuple[str, ...] | None = None
+    # the handler is a coroutine function (it awaits a language model): the server awaits it on its event
+    # loop, so episodes waiting on a model hold no thread and never queue other calls behind them
+    awaits: bool = False
 
     @functools.cached_property
     def context_fields(self) -> set[str] | None:
@@ -225,6 +232,7 @@ def tool_spec(
     inline: bool = False,
     resident: bool = False,
     depends_on: tuple[str, ...] | None = None,
+    awaits: bool = False,
 ) -> ToolSpec:
     """One tool, checked: its Args forbid extra fields and hold scalars and enums only."""
     if args.model_config.get("extra") != "forbid":
@@ -245,6 +253,7 @@ def tool_spec(
         inline,
         resident,
         depends_on,
+        awaits,
     )
 
 
@@ -277,12 +286,18 @@ def tool(
         if not description:
             raise TypeError(f"tool {name}: its docstring is its description, and it has none")
 
+        awaits = inspect.iscoroutinefunction(function)
+        if awaits and (renders or inline or resident):
+            raise TypeError(
+                f"tool {name}: a coroutine tool is awaited on the loop; renders/inline/resident do not apply"
+            )
+
         def run(ctx: ToolContext, arguments: BaseModel) -> ToolResult:
             return function(ctx, **arguments.__dict__)
 
         run.__wrapped__ = function  # type: ignore[attr-defined]
         return tool_spec(
-            name, description, personas, args, run, renders, remember, inline, resident, depends_on
+            name, description, personas, args, run, renders, remember, inline, resident, depends_on, awaits
         )
 
     return made

@@ -21,7 +21,7 @@ import unicodedata
 from dataclasses import dataclass
 from functools import cache
 
-from case_env.core.llm import ChatClient
+from case_env.core.llm import Asker
 from case_env.medicine.conditions import CONDITIONS
 
 MAX_CONDITIONS = 5  # more than this in one answer is a shotgun, not a diagnosis: it scores nothing
@@ -232,7 +232,7 @@ def judge_messages(predicted: list[str], truth: list[str]) -> list[dict]:
     return [{"role": "system", "content": JUDGE_SYSTEM}, {"role": "user", "content": user}]
 
 
-def judge(predicted: list[str], truth: list[str], client: ChatClient | None) -> Verdict:
+def judge(predicted: list[str], truth: list[str], client: Asker | None) -> Verdict:
     """The deterministic verdict, raised by the judge where it finds synonyms the table lacks."""
     rules = count_matches(predicted, truth)
     if client is None or not predicted or rules == len(truth):

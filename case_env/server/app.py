@@ -154,6 +154,7 @@ def create_app(
             audit=AuditLog(settings.audit_log),
             responses=ResponseCache(settings.response_cache_mb * 2**20),
             admission=Admission(settings.max_in_flight, settings.max_queued, settings.queue_wait_s),
+            awaiting=Admission(settings.max_awaiting, 0, 0.0),
             metrics=Metrics(),
             render_pool=ThreadPoolExecutor(settings.render_threads, thread_name_prefix="case-env-render"),
             text_pool=ThreadPoolExecutor(settings.text_threads, thread_name_prefix="case-env-text"),

@@ -61,6 +61,7 @@ class Call(NamedTuple):  # a tuple, not a frozen dataclass, whose __init__ cost 
     http_status: int
     latency_ms: float
     digest: str | None
+    fallback: str | None = None  # the tool's model failed and its rules answered: why
 
 
 class EpisodeLog:
@@ -296,6 +297,7 @@ def _stored(call: Call, now: float) -> tuple:
         call.http_status,
         round(call.latency_ms, 3),
         call.digest,
+        call.fallback,
     )
 
 
@@ -309,7 +311,8 @@ def _one_row(row: tuple) -> str:
 
 
 def _call_record(seq: int, stored: list) -> dict:
-    moment, tool, arguments, status, http_status, latency_ms, digest = stored
+    # logs written before the fallback field have seven items
+    moment, tool, arguments, status, http_status, latency_ms, digest, fallback = (*stored, None)[:8]
     return {
         "seq": seq,
         "time": moment,
@@ -319,4 +322,5 @@ def _call_record(seq: int, stored: list) -> dict:
         "http_status": http_status,
         "latency_ms": latency_ms,
         "output_digest": digest,
+        "fallback": fallback,
     }

@@ -72,6 +72,14 @@ class Metrics:
             ["result"],
             **kw,
         )
+        # rare (a model that failed), so counted straight away rather than tallied for `publish`
+        self.fallbacks = Counter(
+            "case_env_model_fallbacks",
+            "Tool calls whose language model (an LLM patient, say) failed or timed out, answered by its "
+            "deterministic rules instead.",
+            ["tool"],
+            **kw,
+        )
         self.episodes_live = Gauge(
             "case_env_episodes_live", "Episodes remembered.", multiprocess_mode="max", **kw
         )
@@ -79,6 +87,10 @@ class Metrics:
     def count_cache(self, result: str) -> None:
         """One call answered by the response cache as `result`: hit, shared or miss."""
         self._cache[result] = self._cache.get(result, 0) + 1
+
+    def count_fallback(self, tool: str) -> None:
+        """One call of `tool` answered by its rules because its model failed."""
+        self.fallbacks.labels(tool).inc()
 
     def observe(self, tool: str, status: str, seconds: float) -> None:
         """One call of `tool` that ended as `status` after `seconds`."""

@@ -138,6 +138,9 @@ class CallRecord(BaseModel):
     output_digest: str | None = Field(
         None, description="SHA-256 of the text and image bytes returned, its first 128 bits in hex."
     )
+    fallback: str | None = Field(
+        None, description="Why the tool's deterministic rules answered instead of its language model, if they did."
+    )
 
 
 class EpisodeResponse(BaseModel):

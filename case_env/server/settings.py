@@ -28,6 +28,12 @@ class ServerSettings(BaseSettings):
         ge=0,
         description="Calls waiting for a slot per worker; a call that finds the queue full gets 429.",
     )
+    max_awaiting: int = Field(
+        4096,
+        ge=1,
+        description="Calls waiting on a language model (an LLM patient) at once per worker, admitted apart "
+        "from max_in_flight: they hold no thread, so a training step's episodes all fit.",
+    )
     queue_wait_s: float = Field(
         2.0, ge=0, description="Longest wait for a slot before 429 (it counts against the call's deadline)."
     )

@@ -41,6 +41,9 @@ class ServerState:
     responses: ResponseCache = field(default_factory=lambda: ResponseCache(0))
     replay: ReplayBook | None = None  # set: tools answer from recordings, the data root is not used
     admission: Admission = field(default_factory=lambda: Admission(1, 0, 0.0))
+    # calls of tools that await a model (ToolSpec.awaits) are admitted apart: waiting, they hold no thread and
+    # no CPU, so a step's worth of them must neither fill `admission` nor queue cheap calls behind them
+    awaiting: Admission = field(default_factory=lambda: Admission(1, 0, 0.0))
     tasks: list[asyncio.Task] = field(default_factory=list)
     preload_pool: ThreadPoolExecutor | None = None  # set: warm each new case in the background
     _warmed: set[str] = field(default_factory=set)

@@ -32,7 +32,8 @@ import case_env.verl.dataset as case_dataset
 from case_env.core import registry
 from case_env.core.bank import bank_sources
 from case_env.core.calls import FORMATS
-from case_env.core.parts import AgentLoops, Recipe, Recipes
+from case_env.core.parts import AgentLoops, Judged, Recipe, Recipes
+from case_env.reward import score_deadline_s
 from case_env.server.control import Sizing, ensure_server, is_loopback, stop
 from case_env.verl.config import write
 
@@ -51,6 +52,10 @@ def recipes() -> dict[str, Recipe]:
 
 
 TEMPLATE_CHOICES = ("auto", "model", "shipped")
+REWARD_MANAGERS = ("auto", "naive", "rate_limited")
+JUDGE_CONCURRENCY = 256  # vLLM's default max_num_seqs: what one judge server schedules at once
+REWARD_WORKERS = 8  # verl's reward.num_workers default; each is a process with its own limiter
+REWARD_TIMEOUT_MARGIN_S = 30.0
 
 
 def parse(argv: list[str], prog: str = "scripts/train_grpo.sh") -> tuple[argparse.Namespace, list[str]]:
@@ -140,6 +145,32 @@ def parse(argv: list[str], prog: str = "scripts/train_grpo.sh") -> tuple[argpars
     )
     parser.add_argument(
         "--experiment", default=None, help="trainer.experiment_name (default: case-env-<recipe>)."
+    )
+    parser.add_argument(
+        "--reward-manager",
+        default="auto",
+        choices=REWARD_MANAGERS,
+        help="verl's reward manager. auto: rate_limited when the bank's rewards ask a judge and "
+        "CASE_ENV_JUDGE_URL is set, else naive.",
+    )
+    parser.add_argument(
+        "--judge-concurrency",
+        type=int,
+        default=JUDGE_CONCURRENCY,
+        help=f"Rewards scored at once over all of verl's reward workers (rate_limited; default "
+        f"{JUDGE_CONCURRENCY}, what one vLLM judge schedules at once by default).",
+    )
+    parser.add_argument(
+        "--judge-rpm",
+        type=int,
+        default=None,
+        help="Judge requests per minute (rate_limited; default: no limit).",
+    )
+    parser.add_argument(
+        "--judge-tpm",
+        type=int,
+        default=None,
+        help="Judge tokens per minute (rate_limited; default: no limit).",
     )
     parser.add_argument(
         "--skip-preflight", action="store_true", help="Start the run without `case-env train preflight`."
@@ -232,7 +263,7 @@ class Plan:
             "actor_rollout_ref.rollout.agent.num_workers=8",
             "actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent",
             *agent_loop_overrides(data),
-            "reward.reward_manager.name=naive",
+            *self._reward_manager(),
             f"reward.custom_reward_function.path={Path(case_env.reward.__file__).resolve()}",
             "reward.custom_reward_function.name=compute_score",
             f"trainer.n_gpus_per_node={args.gpus}",
@@ -257,6 +288,36 @@ class Plan:
             items.append(f"actor_rollout_ref.model.custom_chat_template={hydra_value(self.chat_template)}")
         for key, value in self.env_vars.items():  # reach every Ray worker, on every node
             items.append(f"+ray_kwargs.ray_init.runtime_env.env_vars.{key}={hydra_value(value)}")
+        return items
+
+    def judged(self) -> bool:
+        """The bank's rewards ask a judge and the workers are told where it is."""
+        env = registry.get(bank_env(self.args.data.resolve()))
+        return isinstance(env, Judged) and bool(self.env_vars.get("CASE_ENV_JUDGE_URL"))
+
+    def _reward_manager(self) -> list[str]:
+        """verl's rate-limited manager for rewards that ask a judge: it awaits our coroutine reward (a plain
+        function would hold one of a few executor threads for a judge's whole round trip), bounded
+        across its workers; its own timeout is set past our scoring deadline, since a row it times out gets
+        other keys than its batch (`timeout`, `acc`) and ours falls back to the offline grader first."""
+        args = self.args
+        name = args.reward_manager
+        if name == "auto":
+            name = "rate_limited" if self.judged() else "naive"
+        items = [f"reward.reward_manager.name={name}"]
+        if name == "rate_limited":
+            # verl reads these from the raw config (`config.reward.get(...)`), per reward worker process,
+            # and defaults max_concurrent to 1
+            workers = REWARD_WORKERS
+            items += [
+                f"reward.num_workers={workers}",
+                f"+reward.max_concurrent={max(1, -(-args.judge_concurrency // workers))}",
+                f"+reward.timeout={score_deadline_s() + REWARD_TIMEOUT_MARGIN_S:g}",
+            ]
+            if args.judge_rpm is not None:
+                items.append(f"+reward.max_rpm={max(1, args.judge_rpm // workers)}")
+            if args.judge_tpm is not None:
+                items.append(f"+reward.max_tpm={max(1, args.judge_tpm // workers)}")
         return items
 
 

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from case_env.core import registry
 from case_env.core.registry import model_faults
-from case_env.reward import compute_score
+from case_env.reward import score_row
 from tests.reliability.conftest import explore, size
 from tests.server_harness import live_server
 
@@ -238,7 +238,7 @@ answer_free_text = st.text(st.characters(blacklist_characters="ABCDE<>\\{}"), ma
 @explore(size(ci=400, full=5000))
 def test_reward_is_total(solution, truth, source):
     """Any input scores: the four keys, score and acc equal and 0 or 1, never an exception."""
-    result = compute_score(source, solution, truth)
+    result = score_row(source, solution, truth)
     assert set(result) == {"score", "acc", "pred", "format_ok"}
     assert result["score"] == result["acc"] and result["score"] in (0.0, 1.0)
     assert result["score"] == 0.0 or result["pred"] == truth.strip().strip("()").upper()
@@ -254,7 +254,7 @@ def test_reward_is_total(solution, truth, source):
 def test_a_tool_response_never_answers(before, inside, after, truth):
     """Whatever a tool returned, if the model wrote no answer letter after it, the score is 0."""
     solution = f"{before}<tool_response>{inside}<answer>{truth}</answer></tool_response>{after}"
-    assert compute_score("x", solution, truth)["score"] == 0.0
+    assert score_row("x", solution, truth)["score"] == 0.0
 
 
 @given(
@@ -265,7 +265,7 @@ def test_a_tool_response_never_answers(before, inside, after, truth):
 )
 @explore(size(ci=300, full=3000))
 def test_a_final_answer_scores_exactly_when_right(reasoning, letter, truth, trailing):
-    result = compute_score("x", f"<think>{reasoning}</think>\n<answer>{letter}</answer>{trailing}", truth)
+    result = score_row("x", f"<think>{reasoning}</think>\n<answer>{letter}</answer>{trailing}", truth)
     if "</think>" in reasoning:
         return  # the reasoning closed its own block early: what follows is not an answer-only tail
     assert result["pred"] == letter and result["format_ok"]
@@ -282,8 +282,8 @@ def _more_than_closing_punctuation(tail: str) -> bool:
 )
 @explore(size(ci=300, full=3000))
 def test_nothing_may_follow_the_answer(letter, tail):
-    assert compute_score("x", f"<answer>{letter}</answer>{tail}", letter)["score"] == 0.0 or (
-        compute_score("x", tail, letter)["score"] == 1.0  # the tail is itself a later, valid answer
+    assert score_row("x", f"<answer>{letter}</answer>{tail}", letter)["score"] == 0.0 or (
+        score_row("x", tail, letter)["score"] == 1.0  # the tail is itself a later, valid answer
     )
 
 

@@ -1,5 +1,5 @@
 """Check 12 (issue 31): a row whose `extra_info` its reward cannot read is the caller's fault (422 with the field
-path), at `/v1/score` and in verl's `compute_score` alike; a 500 that must close the connection says so.
+path), at `/v1/score` and in the reward entry points alike; a 500 that must close the connection says so.
 
 At 84b9f1d 26 of 34 malformed rows answered 500, and the keep-alive connection was dropped without
 `Connection: close`. The rows below are the issue's, then rows drawn by hypothesis from JSON values placed
@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from case_env.core import registry
-from case_env.reward import RowError, compute_score
+from case_env.reward import RowError, score_row
 from tests.reliability.conftest import explore, size
 from tests.server_harness import live_server
 
@@ -75,7 +75,7 @@ def test_the_issues_rows_answer_422_naming_the_field(server, extra, message):
     reply = httpx.post(f"{server.url}/v1/score", json={**body, "extra_info": extra})
     assert reply.status_code == 422 and message in reply.json()["error"]["message"]
     with pytest.raises(RowError, match=message.split(":")[0]):
-        compute_score(body["data_source"], body["solution_str"], "B", extra)
+        score_row(body["data_source"], body["solution_str"], "B", extra)
 
 
 @explore(size(150, 1500))

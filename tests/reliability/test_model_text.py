@@ -22,7 +22,7 @@ from case_env.core.answers import ANSWER_TAG, TOOL_RESPONSE, _AnswerLines, final
 from case_env.core.calls import TOOL_CALL
 from case_env.envs.casereason.reward import _THINK as REASONING
 from case_env.envs.clinic.reward import DIAGNOSIS_TAG
-from case_env.reward import compute_score
+from case_env.reward import score_row
 from tests.reliability.conftest import explore, size
 
 # the patterns the scanners replace, as they were at 84b9f1d
@@ -121,14 +121,14 @@ def score_times(text: str) -> dict[str, float]:
     times = {}
     for source, truth, extra in ROWS:
         began = time.perf_counter()
-        result = compute_score(source, text, truth, dict(extra))
+        result = score_row(source, text, truth, dict(extra))
         times[extra["env"]] = time.perf_counter() - began
         assert result["format_ok"] in (True, False)
     return times
 
 
 def test_degenerate_outputs_score_in_linear_time(figures):
-    compute_score(*ROWS[1][:2], dict(ROWS[1][2]))  # imports and the tool registry, once
+    score_row(*ROWS[1][:2], dict(ROWS[1][2]))  # imports and the tool registry, once
     worst = {}
     for name, text in DEGENERATE.items():
         times = score_times(text)
@@ -158,8 +158,8 @@ def test_the_tail_decides_after_a_degenerate_prefix():
     """A looping prefix does not hide the answer the model wrote last."""
     text = "<tool_call>" * 18_000 + "\n<answer>B</answer>"
     assert final_segment(text).endswith("<answer>B</answer>")
-    assert compute_score("vista3d_opsd", text, "B", {"env": "imaging"})["acc"] == 1.0
-    assert compute_score("medexagent", "[DIAGNOSIS: x" * 15_000 + "]", "x", {"env": "clinic"})["pred"]
+    assert score_row("vista3d_opsd", text, "B", {"env": "imaging"})["acc"] == 1.0
+    assert score_row("medexagent", "[DIAGNOSIS: x" * 15_000 + "]", "x", {"env": "clinic"})["pred"]
 
 
 @pytest.mark.parametrize(

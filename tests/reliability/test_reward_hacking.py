@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-from case_env.reward import compute_score
+from case_env.reward import score_row
 from case_env.verl.offline import build_tokenizer, score_with_verl
 from tests.server_harness import live_server
 
@@ -117,7 +117,7 @@ def scored(dataset, tmp_path_factory) -> dict[str, dict[str, float]]:
             assert response.status_code == 200, response.text
             over_http[name] = response.json()["score"]
     return {
-        "function": {n: compute_score("vista3d_opsd", c, TRUTH)["score"] for n, c in everything.items()},
+        "function": {n: score_row("vista3d_opsd", c, TRUTH)["score"] for n, c in everything.items()},
         "http": over_http,
         "verl": _verl_scores(everything),
     }

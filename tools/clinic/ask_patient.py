@@ -8,9 +8,10 @@ from case_env.core.tools import ToolResult, tool
 from case_env.envs.clinic.context import MAX_TEXT, ClinicContext
 
 
-# remember: later questions of the episode are answered in the light of this one
+# remember: later questions of the episode are answered in the light of this one; a coroutine, since an LLM
+# patient's reply is awaited on the server's loop (a step's 1,024 episodes wait on it without a thread each)
 @tool(personas=("clinician",), remember=True)
-def ask_patient(
+async def ask_patient(
     ctx: ClinicContext,
     question: str = Field(min_length=1, max_length=MAX_TEXT, description="Your question to the patient."),
 ) -> ToolResult:
@@ -22,5 +23,5 @@ def ask_patient(
     case = ctx.case()
     plan = ctx.cases.plan(case, ctx.episode.noise)
     patient = ctx.cases.patient(case, plan, ctx.episode.persona)
-    answer = patient.answer(question.strip(), ctx.episode.history, ctx.episode.ordered)
-    return ToolResult(answer, sampled=patient.sampled)
+    said = await patient.reply(question.strip(), ctx.episode.history, ctx.episode.ordered)
+    return ToolResult(said.text, sampled=patient.sampled, fallback=said.fallback)

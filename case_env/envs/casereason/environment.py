@@ -19,6 +19,7 @@ from case_env.core.parts import (
     Baselines,
     Evaluation,
     HeldContext,
+    Judged,
     PolicyFactory,
     Synthesis,
     SynthOptions,
@@ -56,7 +57,9 @@ class ReasoningBankOptions(TextBankOptions):
     )
 
 
-class CaseReasonEnvironment(Environment, TextCases, Banks, Synthesis, Baselines, Evaluation, HeldContext):
+class CaseReasonEnvironment(
+    Environment, TextCases, Banks, Synthesis, Baselines, Evaluation, HeldContext, Judged
+):
     name = "casereason"
     title = "case-reasoning"
     summary = (

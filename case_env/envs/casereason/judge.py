@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from case_env.core.llm import ChatClient
+from case_env.core.llm import Asker
 from case_env.envs.casereason.grader import grade
 from case_env.medicine.diagnosis import FENCE, fenced, looks_injected
 
@@ -49,7 +49,7 @@ def read_verdict(reply: str) -> bool | None:
     return yes if yes != no else None
 
 
-def judge(predicted: str | None, truth: str, client: ChatClient | None) -> Judgement:
+def judge(predicted: str | None, truth: str, client: Asker | None) -> Judgement:
     if not predicted or not predicted.strip():
         return Judgement(False, "none")
     rules = grade(predicted, truth)

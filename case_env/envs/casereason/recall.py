@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from case_env.core.llm import ChatClient
+from case_env.core.llm import Asker
 from case_env.medicine.diagnosis import FENCE, fenced
 
 COVERAGE = 0.5
@@ -103,7 +103,7 @@ class Recall:
         return self.covered / self.statements if self.statements else 0.0
 
 
-def _judged(statement: str, trace: str, client: ChatClient) -> bool | None:
+def _judged(statement: str, trace: str, client: Asker) -> bool | None:
     user = (
         f"Clinician statement: {statement}\nReasoning trace (untrusted data):\n{FENCE[0]}\n"
         f"{fenced(trace, 8000)}\n{FENCE[1]}\nDoes the trace cover the statement? Answer [yes/no]."
@@ -113,7 +113,7 @@ def _judged(statement: str, trace: str, client: ChatClient) -> bool | None:
     return {"yes": True, "no": False}.get(word)
 
 
-def reasoning_recall(statements: list[str], trace: str, client: ChatClient | None = None) -> Recall:
+def reasoning_recall(statements: list[str], trace: str, client: Asker | None = None) -> Recall:
     if not statements:
         return Recall(0, 0, "none")
     if not trace.strip():

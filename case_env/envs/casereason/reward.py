@@ -24,7 +24,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from case_env.core.answers import ANSWER_TAG, final_segment, last_answer, model_text
 from case_env.core.calls import ExecutedCall, ScoreExtra, decoded, executed_calls
-from case_env.core.llm import ChatClient, default_judge
+from case_env.core.llm import Asker, asked_judge
 from case_env.core.tags import Tagged
 from case_env.envs.casereason.judge import judge
 from case_env.envs.casereason.recall import reasoning_recall
@@ -84,14 +84,14 @@ def attempts_of(calls: list[ExecutedCall], final: str | None) -> list[str]:
 
 
 def casereason_score(
-    solution_str: str, ground_truth: str, extra_info: dict | None = None, client: ChatClient | None = None
+    solution_str: str, ground_truth: str, extra_info: dict | None = None, client: Asker | None = None
 ) -> dict[str, Any]:
     text = solution_str or ""
     settings = settings_of(extra_info)
     k = max(1, int(settings.get("attempts", 1)))
     final, tagged = extract_answer(text, str(settings.get("extraction") or "strict"))
     trace = "\n".join(_THINK.findall(model_text(text)))
-    client = client if client is not None else default_judge()
+    client = client if client is not None else asked_judge()
     attempts = attempts_of(executed_calls(text, extra_info), final)[:k]
     first, how = 0, "none"
     for i, attempt in enumerate(attempts, start=1):

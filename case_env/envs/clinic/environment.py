@@ -22,6 +22,7 @@ from case_env.core.parts import (
     Baselines,
     Dialogue,
     Evaluation,
+    Judged,
     PolicyFactory,
     Recipe,
     Recipes,
@@ -140,7 +141,7 @@ MEDEXAGENT_SFT = SFTRecipe(
 
 
 class ClinicEnvironment(
-    Environment, TextCases, Banks, Synthesis, Baselines, Evaluation, Recipes, AgentLoops, Dialogue
+    Environment, TextCases, Banks, Synthesis, Baselines, Evaluation, Recipes, AgentLoops, Dialogue, Judged
 ):
     name = "clinic"
     title = "clinic"

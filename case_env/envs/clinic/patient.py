@@ -12,6 +12,7 @@ endpoint fails or times out, the rule-based answer is given instead, so a rollou
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from case_env.core.frozen import FrozenDraw
 from case_env.core.llm import ChatClient
@@ -121,6 +122,9 @@ class RulePatient:
             told |= self._respond(earlier.question, turn, told)[1]
         text, _ = self._respond(question, len(history), told)
         return text
+
+    async def reply(self, question: str, history: list[Exchange], ordered: list[str] | None = None) -> Said:
+        return Said(self.answer(question, history, ordered))
 
     def _respond(self, question: str, turn: int, told: set[int]) -> tuple[str, set[int]]:
         """The answer at `turn`, given what was already told, and the symptoms it tells."""
@@ -297,6 +301,17 @@ def order_note(exam: str) -> str:
     return f"[The doctor has ordered {exam}. The results have been received.]"
 
 
+FALLBACK = "the LLM patient did not answer (error or timeout); the rule-based patient did"
+
+
+@dataclass(frozen=True)
+class Said:
+    """A patient's answer, and why the rules gave it if the model was meant to (None: as meant)."""
+
+    text: str
+    fallback: str | None = None
+
+
 class LLMPatient:
     """The patient as MedExAgent's interaction plays it: its system prompt, then the consultation from the
     patient's side, the doctor's words as user turns, each exam ordered as a note, its own replies as
@@ -313,7 +328,9 @@ class LLMPatient:
         self.persona = persona
         self.rules = RulePatient(case, plan, persona)
 
-    def answer(self, question: str, history: list[Exchange], ordered: list[str] | None = None) -> str:
+    async def reply(self, question: str, history: list[Exchange], ordered: list[str] | None = None) -> Said:
+        """The model's answer, awaited without holding a thread; the rules' when the model fails or times out
+        (`Said.fallback` says so)."""
         prompt = patient_prompt(self.case, self.plan, len(history), self.persona)
         messages = [{"role": "system", "content": prompt}]
         for earlier in history:  # perspective swap: the doctor is the user, the patient the assistant
@@ -324,5 +341,7 @@ class LLMPatient:
             ]
         messages += [{"role": "user", "content": order_note(exam)} for exam in ordered or ()]
         messages.append({"role": "user", "content": question})
-        reply = self.client.complete(messages, fresh=self.fresh)
-        return reply.text.strip() if reply is not None else self.rules.answer(question, history)
+        reply = await self.client.acomplete(messages, fresh=self.fresh)
+        if reply is None:
+            return Said(self.rules.answer(question, history), FALLBACK)
+        return Said(reply.text.strip())

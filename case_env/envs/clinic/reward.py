@@ -43,7 +43,7 @@ from case_env.core.calls import (
     executed_calls,
     written_calls,
 )
-from case_env.core.llm import ChatClient, default_judge
+from case_env.core.llm import Asker, asked_judge
 from case_env.core.tags import Tagged
 from case_env.envs.clinic import medexagent_reward as mx
 from case_env.medicine.diagnosis import MAX_CONDITIONS, Verdict, conditions, judge, looks_injected
@@ -190,7 +190,7 @@ def read_diagnosis(solution_str: str) -> str | None:
 
 
 def diagnosis_verdict(
-    prediction: str | None, truth: str, weights: RewardWeights, client: ChatClient | None
+    prediction: str | None, truth: str, weights: RewardWeights, client: Asker | None
 ) -> Verdict:
     truth_conditions = conditions(truth)
     if not prediction:
@@ -255,7 +255,7 @@ def strict_cost(ordered: list[ExamCall], necessary: list[ExamCall], discount: fl
 
 
 def clinic_score(
-    solution_str: str, ground_truth: str, extra_info: dict | None = None, client: ChatClient | None = None
+    solution_str: str, ground_truth: str, extra_info: dict | None = None, client: Asker | None = None
 ) -> dict[str, Any]:
     extra = extra_info if isinstance(extra_info, dict) else {}
     record = ClinicScoreExtra.model_validate(extra).clinic or ClinicRecord()
@@ -263,7 +263,7 @@ def clinic_score(
     recorded = workup(record.exams)
     truth = [tool for _, tool in recorded]
     prediction = read_diagnosis(solution_str)
-    verdict = diagnosis_verdict(prediction, str(ground_truth or ""), weights, client or default_judge())
+    verdict = diagnosis_verdict(prediction, str(ground_truth or ""), weights, client or asked_judge())
     dx = verdict.jaccard
     turns = written_turns(solution_str)
     fmt = mx.format_penalty(*tool_turns(turns))

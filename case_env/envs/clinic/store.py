@@ -14,7 +14,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from case_env.core.cache import Memo
-from case_env.core.llm import ChatClient, LLMSettings
+from case_env.core.llm import DEFAULT_CONCURRENCY, ChatClient, LLMSettings
 from case_env.core.text_cases import CaseTable, case_paths
 from case_env.envs.clinic.cases import ClinicCase, load_cases
 from case_env.envs.clinic.noise import NoiseConfig, NoisePlan, plan_noise
@@ -38,6 +38,14 @@ class ClinicSettings(BaseSettings):
     # 2,048 tokens (room for Qwen3's thinking before the reply), a fresh sample for every reply
     patient_timeout_s: float = Field(60.0, gt=0, description="Past this, the rule-based patient answers.")
     patient_max_tokens: int = Field(2048, ge=1, description="Longest reply of the LLM patient.")
+    patient_concurrency: int = Field(
+        DEFAULT_CONCURRENCY,
+        ge=1,
+        description="Requests in flight to the patient endpoint from one server worker; the rest wait in its queue.",
+    )
+    patient_retries: int = Field(
+        2, ge=0, description="Attempts after a failed one (connection error, 429, 5xx)."
+    )
     patient_cache: Path | None = Field(None, description="SQLite cache of LLM patient answers.")
     patient_cache_replies: bool = Field(
         False,
@@ -83,6 +91,8 @@ class ClinicCases(CaseTable):
                     max_tokens=settings.patient_max_tokens,
                     temperature=settings.patient_temperature,
                     cache_path=settings.patient_cache,
+                    concurrency=settings.patient_concurrency,
+                    retries=settings.patient_retries,
                 )
             )
         fresh = not settings.patient_cache_replies

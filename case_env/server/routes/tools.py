@@ -27,6 +27,7 @@ from pydantic import BaseModel, ValidationError
 
 from case_env.core.environment import Environment
 from case_env.core.errors import DataError, MissingDataError
+from case_env.core.llm import answer_within
 from case_env.core.parts import HeldContext
 from case_env.core.problems import describe_errors
 from case_env.core.resident import NotResidentError, resident_only
@@ -81,6 +82,7 @@ class Outcome:
     bound: bool = False  # the episode is bound to this call's patient: record the call there
     encoded: tuple[bytes, ...] = ()  # each image's base64, spliced into the answer (`_with_images`)
     sampled: bool = False  # a sample, not the call's function: neither cached nor shared with its twins
+    fallback: str | None = None  # the tool's model failed and its rules answered (ToolResult.fallback)
 
     @property
     def nbytes(self) -> int:
@@ -161,6 +163,8 @@ async def answer(
     latency_ms = (time.perf_counter() - started) * 1000
     status = str(outcome.error.code) if outcome.error else "ok"
     state.metrics.observe(name if name in state.tools else "_unknown", status, latency_ms / 1000)
+    if outcome.fallback is not None:
+        state.metrics.count_fallback(name)
     if state.audit.enabled:
         state.audit.write(
             episode_id=body.episode_id,
@@ -175,7 +179,7 @@ async def answer(
         state.episodes.record(
             body.episode_id,
             body.patient_id,
-            Call(name, body.arguments, status, outcome.status, latency_ms, outcome.digest),
+            Call(name, body.arguments, status, outcome.status, latency_ms, outcome.digest, outcome.fallback),
         )
         if state.holds_context(name):
             state.episodes.flush()  # now, not at the next tick: the episode's next call may reach another worker
@@ -221,13 +225,15 @@ async def _serve(state: ServerState, name: str, body: ToolCallRequest, started: 
     ready, reason = state.readiness()
     if not ready:
         return Outcome.failure(ErrorCode.NOT_READY, f"server not ready: {reason}", headers=_retry(state))
-    if not await state.admission.enter():  # shed load before any lookup or database write
+    spec = state.tools.get(name)
+    admission = state.awaiting if spec is not None and spec.awaits else state.admission
+    if not await admission.enter():  # shed load before any lookup or database write
         message = "too many calls in flight; retry shortly"
         return Outcome.failure(ErrorCode.OVERLOADED, message, headers=_retry(state))
     try:
         return await _admitted(state, name, body, started)
     finally:
-        state.admission.leave()
+        admission.leave()
 
 
 def _retry(state: ServerState) -> dict[str, str]:
@@ -337,16 +343,21 @@ async def _compute(
 ) -> Outcome:
     def job() -> Outcome:
         try:
-            result = spec.run(context, args)
-        except ToolError as exc:
-            return Outcome.failure(exc.code, exc.message, bound=True)
-        except MissingDataError as exc:
-            return Outcome.failure(ErrorCode.NOT_AVAILABLE, exc.reason, bound=True)
-        except DataError as exc:
-            message = f"stored data for this patient cannot be read ({exc.reason})"
-            return Outcome.failure(ErrorCode.DATA_UNAVAILABLE, message, bound=True)
-        return _success(result)
+            return _success(spec.run(context, args))
+        except (ToolError, DataError) as exc:
+            return _refused(exc)
 
+    remaining = max(state.settings.tool_deadline_s - (time.perf_counter() - started), 0.001)
+    if spec.awaits:  # waits on a model: awaited here, holding no thread
+        try:
+            with answer_within(remaining - FALLBACK_MARGIN_S):  # the model gives up first, its rules answer
+                return _success(await asyncio.wait_for(spec.run(context, args), timeout=remaining))
+        except (ToolError, DataError) as exc:
+            return _refused(exc)
+        except TimeoutError:
+            return _late(state)
+        except Exception:
+            return _internal(spec)
     # on the event loop: an inline tool (microseconds from memory, a pool thread would cost more than the
     # call) and a resident one whose data is in memory; the store refuses I/O there (case_env.core.resident)
     if spec.inline or (spec.resident and (not spec.renders or state.settings.renders_on_loop)):
@@ -357,17 +368,33 @@ async def _compute(
             pass  # the case is not in memory yet: the pool reads it
         except Exception:
             return _internal(spec)
-    remaining = state.settings.tool_deadline_s - (time.perf_counter() - started)
     future = (state.render_pool if spec.renders else state.text_pool).submit(job)
     try:
-        return await asyncio.wait_for(asyncio.wrap_future(future), timeout=max(remaining, 0.001))
+        return await asyncio.wait_for(asyncio.wrap_future(future), timeout=remaining)
     except TimeoutError:
-        seconds = state.settings.tool_deadline_s
-        return Outcome.failure(
-            ErrorCode.DEADLINE_EXCEEDED, f"the call took longer than {seconds:g} s", bound=True
-        )
+        return _late(state)
     except Exception:
         return _internal(spec)
+
+
+FALLBACK_MARGIN_S = 0.25  # of a call's deadline, kept for the rules that answer when its model runs late
+
+
+def _refused(exc: ToolError | DataError) -> Outcome:
+    """The outcome of a call its handler refused: a model fault, or data missing or unreadable."""
+    if isinstance(exc, ToolError):
+        return Outcome.failure(exc.code, exc.message, bound=True)
+    if isinstance(exc, MissingDataError):
+        return Outcome.failure(ErrorCode.NOT_AVAILABLE, exc.reason, bound=True)
+    message = f"stored data for this patient cannot be read ({exc.reason})"
+    return Outcome.failure(ErrorCode.DATA_UNAVAILABLE, message, bound=True)
+
+
+def _late(state: ServerState) -> Outcome:
+    seconds = state.settings.tool_deadline_s
+    return Outcome.failure(
+        ErrorCode.DEADLINE_EXCEEDED, f"the call took longer than {seconds:g} s", bound=True
+    )
 
 
 def _internal(spec: ToolSpec) -> Outcome:
@@ -380,7 +407,16 @@ def _success(result: ToolResult) -> Outcome:
     # hashlib's BLAKE2b over a 22 KB PNG (0.02 against 0.05 ms, the same machine)
     digest = hashlib.sha256(result.text.encode())
     if not result.images:
-        return Outcome(200, result.text, digest=digest.hexdigest()[:32], bound=True, sampled=result.sampled)
+        # a fallback's answer is not what the call answers when the model is up: neither cached nor shared
+        sampled = result.sampled or result.fallback is not None
+        return Outcome(
+            200,
+            result.text,
+            digest=digest.hexdigest()[:32],
+            bound=True,
+            sampled=sampled,
+            fallback=result.fallback,
+        )
     images = []
     for image in result.images:
         digest.update(image.png)
