@@ -139,7 +139,8 @@ class CallRecord(BaseModel):
         None, description="SHA-256 of the text and image bytes returned, its first 128 bits in hex."
     )
     fallback: str | None = Field(
-        None, description="Why the tool's deterministic rules answered instead of its language model, if they did."
+        None,
+        description="Why the tool's deterministic rules answered instead of its language model, if they did.",
     )
 
 
