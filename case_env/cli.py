@@ -24,8 +24,10 @@ from case_env.core.parts import (
     PARTS,
     Banks,
     Baselines,
+    Benchmarks,
     Commands,
     DataChecks,
+    ServerBenchOptions,
     Synthesis,
     TextCases,
     evaluation_of,
@@ -472,6 +474,102 @@ def eval_(
     for line in evaluation_of(registry.get(results["env"])).summary_lines(results):
         typer.echo(line)
     typer.echo(f"wrote {out / 'results.json'}, {out / 'report.html'} and {out / 'trajectories.jsonl'}")
+
+
+@bench_app.command("server")
+def bench_server(
+    env: str = typer.Option(None, "--env", help="The environment benchmarked (default: the default one)."),
+    out: Path = typer.Option(
+        None, "--out", help="Directory for bench.json (default: bench-out/server[-ENV])."
+    ),
+    rollouts: int = typer.Option(None, "--rollouts", "--clients", min=1, help="Concurrent virtual rollouts."),
+    duration: float = typer.Option(
+        20.0, "--duration", min=1, help="Measured seconds per load (after warm-up)."
+    ),
+    warmup: float = typer.Option(5.0, "--warmup", min=0, help="Unmeasured seconds first (caches fill)."),
+    workers: int = typer.Option(2, "--workers", min=1, help="Server worker processes."),
+    think_ms: float = typer.Option(
+        0.0, "--think-ms", min=0, help="Mean model time before each call (exponential); 0 = closed loop."
+    ),
+    group_size: int = typer.Option(
+        1,
+        "--group-size",
+        min=1,
+        help="Rollouts per GRPO group sharing patient and calls (1: all independent).",
+    ),
+    runs: int = typer.Option(1, "--runs", min=1, help="Repeat the whole benchmark (figures of every run)."),
+    data_root: Path = typer.Option(
+        None,
+        "--data-root",
+        help="An environment served from a data root: the root (generated there once if it is missing, then "
+        "reused; default data/bench).",
+    ),
+    baseline: str = typer.Option(
+        None,
+        "--baseline",
+        help="Its baselines beside case-env, comma-separated (the default environment's: naive, the naive "
+        "data engine; openenv, OpenEnv's app factory, the openenv extra; floor, a bare Starlette route).",
+    ),
+    cache_mb: int = typer.Option(
+        None, "--cache-mb", min=0, help="Decoded-data cache budget per worker (a data root's)."
+    ),
+    model_latency_ms: str = typer.Option(
+        None,
+        "--model-latency-ms",
+        help="A model-waiting environment: the stand-in model's latencies, comma-separated (default 0,300,2000).",
+    ),
+    model_failure_rate: float = typer.Option(
+        None,
+        "--model-failure-rate",
+        min=0,
+        max=1,
+        help="Share of the stand-in's requests answered 500 (default 0).",
+    ),
+    rewards: int = typer.Option(None, "--rewards", min=1, help="Rows of the reward batch (default 1024)."),
+    judge_latency_ms: float = typer.Option(
+        None,
+        "--judge-latency-ms",
+        min=0,
+        help="The stand-in judge's latency for the reward batch (default 500).",
+    ),
+) -> None:
+    """Throughput, per-tool latency and errors of `case-env serve` under concurrent rollouts of one
+    environment, against peers, floors and bounds measured in the same run."""
+    found = registry.get(env) if env else registry.default()
+    if not isinstance(found, Benchmarks):
+        _fail(f"the {found.name} environment has no benchmarks", 2)
+    try:
+        latencies = [float(v) for v in model_latency_ms.split(",")] if model_latency_ms else None
+    except ValueError:
+        _fail(f"--model-latency-ms takes numbers separated by commas, not {model_latency_ms!r}", 2)
+    default_out = Path(
+        "bench-out/server" if found.name == registry.default().name else f"bench-out/server-{found.name}"
+    )
+    options = ServerBenchOptions(
+        out=out or default_out,
+        rollouts=rollouts or (MODEL_BENCH_ROLLOUTS if found.server_bench is not None else 256),
+        duration=duration,
+        warmup=warmup,
+        workers=workers,
+        think_ms=think_ms,
+        group_size=group_size,
+        runs=runs,
+        data_root=data_root,
+        baseline=baseline,
+        cache_mb=cache_mb,
+        model_latency_ms=latencies,
+        model_failure_rate=model_failure_rate,
+        rewards=rewards,
+        judge_latency_ms=judge_latency_ms,
+    )
+    try:
+        found.bench_server(options, typer.echo)
+    except ValueError as exc:
+        _fail(str(exc), 2)
+
+
+# a training step's episodes: 64 prompts x 16 samples (MedExAgent's GRPO step)
+MODEL_BENCH_ROLLOUTS = 1024
 
 
 @traj_app.command("to-sft")

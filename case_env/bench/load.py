@@ -77,12 +77,14 @@ async def _rollout(
         done += 1
         patient = rng.choice(patients)
         episode = f"bench-{rng.getrandbits(64):016x}-{member}"  # members of a group share the draws
-        for tool, arguments in plan(rng):
+        for tool, arguments, *context in plan(rng):
             if think_s > 0:
                 await asyncio.sleep(rng.expovariate(1 / think_s))  # the policy generating its next turn
             if time.perf_counter() >= stop:
                 return
             body = {"episode_id": episode, "patient_id": patient, "arguments": arguments}
+            if context:  # what the caller sends beside the arguments (an episode's earlier exchanges, say)
+                body["context"] = context[0]
             if protocol == "openenv":
                 target, body = "/step", {"action": {"tool": tool, **body}}
             else:

@@ -23,6 +23,8 @@ replies), so a coroutine reward and the synchronous one share a single definitio
 from __future__ import annotations
 
 import asyncio
+import atexit
+import contextlib
 import hashlib
 import json
 import logging
@@ -31,7 +33,7 @@ import random
 import sqlite3
 import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -39,7 +41,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-import httpx
+import aiohttp
 from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -157,10 +159,9 @@ class Endpoint:
     stats: EndpointStats = field(default_factory=EndpointStats)
 
     def __post_init__(self) -> None:
-        limits = httpx.Limits(max_connections=self.concurrency, max_keepalive_connections=self.concurrency)
-        self._http = httpx.AsyncClient(
-            base_url=self.base_url, headers=self.headers, limits=limits, timeout=None
-        )
+        # no connection limit of its own: `_slots` bounds the requests, and a slot always finds a connection
+        self._http = aiohttp.ClientSession(headers=self.headers, connector=aiohttp.TCPConnector(limit=0))
+        self._url = self.base_url + "/chat/completions"
         self._slots = asyncio.Semaphore(self.concurrency)
 
     def widen(self, concurrency: int) -> None:
@@ -199,18 +200,16 @@ class Endpoint:
                 break
             self.stats.sent += 1
             try:
-                reply = await self._http.post("/chat/completions", json=body, timeout=remaining)
-            except httpx.HTTPError as exc:
+                timeout = aiohttp.ClientTimeout(total=remaining)
+                async with self._http.post(self._url, json=body, timeout=timeout) as reply:
+                    if reply.status == 429 or reply.status >= 500:
+                        reason = f"HTTP {reply.status}"
+                    elif reply.status >= 400:  # the request is wrong: asking again is no better
+                        return self._failed(f"HTTP {reply.status}")
+                    else:
+                        return self._text(await reply.read())
+            except (aiohttp.ClientError, TimeoutError) as exc:
                 reason = type(exc).__name__
-            else:
-                if reply.status_code == 429 or reply.status_code >= 500:
-                    reason = f"HTTP {reply.status_code}"
-                elif reply.status_code >= 400:
-                    return self._failed(
-                        f"HTTP {reply.status_code}"
-                    )  # the request is wrong: again is no better
-                else:
-                    return self._text(reply)
             wait = BACKOFF_S * 2**attempt * random.uniform(0.5, 1.5)
             if attempt == retries or time.monotonic() + wait >= deadline:
                 return self._failed(reason)
@@ -218,9 +217,9 @@ class Endpoint:
             await asyncio.sleep(wait)
         return self._failed("timed out")
 
-    def _text(self, reply: httpx.Response) -> str | None:
+    def _text(self, reply: bytes) -> str | None:
         try:
-            text = reply.json()["choices"][0]["message"]["content"]
+            text = json.loads(reply)["choices"][0]["message"]["content"]
         except (ValueError, KeyError, IndexError, TypeError) as exc:
             return self._failed(f"malformed reply ({type(exc).__name__})")
         if not isinstance(text, str) or not text.strip():
@@ -244,6 +243,22 @@ async def _endpoint(base_url: str, key: str, concurrency: int) -> Endpoint:
     elif concurrency > found.concurrency:
         found.widen(concurrency)
     return found
+
+
+async def _close_endpoints() -> None:
+    for endpoint in list(_ENDPOINTS.values()):
+        await endpoint._http.close()
+    _ENDPOINTS.clear()
+
+
+@atexit.register
+def close_endpoints() -> None:
+    """Close every endpoint's connections (at exit: aiohttp warns of sessions left open)."""
+    loop = _LOOP._loop
+    if loop is None or _LOOP._pid != os.getpid() or not loop.is_running():
+        return
+    with contextlib.suppress(Exception):
+        asyncio.run_coroutine_threadsafe(_close_endpoints(), loop).result(timeout=5)
 
 
 def endpoint_stats() -> dict[str, EndpointStats]:
@@ -399,15 +414,13 @@ class _Ahead:
 MAX_ROUNDS = 8  # a reward asks again in the light of a reply (case reasoning: the next attempt after a "no")
 
 
-async def asked_ahead(
-    score: Callable[[], T],
-    client: ChatClient | None,
-    run: Callable[[Callable[[], T]], Awaitable[T]] = asyncio.to_thread,
-) -> T:
+async def asked_ahead(score: Callable[[], T], client: ChatClient | None, in_thread: bool = True) -> T:
     """`score()`, a plain function that asks its judge through `asked_judge()`, with every judge request sent at
     once and awaited on the loop: a pass with no replies notes what it asks, the requests go out together,
-    and the function runs again with their replies, until a pass asks nothing new. Each pass runs through
-    `run` (a thread by default: the function's own work is CPU). Without a judge, one pass."""
+    and the function runs again with their replies, until a pass asks nothing new. Each pass runs in a
+    thread (a reward's own work is CPU), or on the loop when it is as cheap as one verdict. Without a judge,
+    one pass."""
+    run = asyncio.to_thread if in_thread else _on_loop
     if client is None:
         return await run(score)
     replies: dict[str, Reply | None] = {}
@@ -420,6 +433,10 @@ async def asked_ahead(
         got = await asyncio.gather(*(client.acomplete(m, t, f) for _, (m, t, f) in asked))
         replies.update(zip([k for k, _ in asked], got, strict=True))
     return await run(_with(_Ahead(client, replies, offline=True), score))
+
+
+async def _on_loop(function: Callable[[], T]) -> T:
+    return function()
 
 
 def offline(score: Callable[[], T]) -> T:

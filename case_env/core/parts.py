@@ -17,7 +17,7 @@ first calls the method.
 | `Evaluation` | rollout variants, turn budget, summaries and report | `eval`, `report` |
 | `Faults` | model-fault codes of its own beside the shared ones (`ErrorCode`) | /openapi.json, tests |
 | `HeldContext` | a context the server rebuilds from its own record of the episode | the tool route |
-| `Benchmarks` | call mixes the shared load generator plays | `case-env bench ...` |
+| `Benchmarks` | call mixes the shared load generator plays; its `bench server` | `case-env bench ...` |
 | `Recipes` | training recipes (verl overrides) and supervised stages | `train run`, `train preflight`, `train_sft.sh` |
 | `AgentLoops` | verl agent loops of its own, named by its rows' `agent_name` | `train run`, `train preflight` |
 | `Dialogue` | episodes as conversations: plain text said to someone the server plays | `eval`, its agent loops |
@@ -267,14 +267,77 @@ class HeldContext(ABC):
 
 
 # One episode's calls, (tool, arguments), drawn with the generator it is given.
-Plan = Callable[[random.Random], list[tuple[str, dict[str, Any]]]]
+# one episode's calls: (tool, arguments) or (tool, arguments, episode context)
+Plan = Callable[
+    [random.Random], list[tuple[str, dict[str, Any]] | tuple[str, dict[str, Any], dict[str, Any]]]
+]
+
+
+@dataclass(frozen=True)
+class ServerBench:
+    """`case-env bench server` for an environment whose tools or reward ask a language model, played against
+    a loopback stand-in of that model (`case_env.bench.standin`, `case_env.bench.model_server`)."""
+
+    cases: Callable[[Path], dict[str, str]]  # writes bench cases under a directory: the server's settings
+    model_setting: str  # the variable naming the endpoint its tools ask (the stand-in's URL goes there)
+    concurrency_setting: str  # the variable bounding requests in flight to it, per server worker
+    model_reply: str  # what the stand-in answers its tools
+    rewards: Callable[
+        [int], list[tuple[str, str, str, dict]]
+    ]  # n rows to score: source, response, truth, extra
+    judge_reply: str  # what the stand-in judge answers its reward
+    # episode i of a burst: its first call, one that waits on the model and that no other episode shares
+    first_call: Callable[[int], tuple[str, dict[str, Any]]]
 
 
 class Benchmarks:
     """Call mixes (name -> `Plan`) the shared load generator (`case_env.bench.load`) plays against this
-    environment's tools."""
+    environment's tools; `server_bench` when `case-env bench server --env NAME` runs the generic benchmark of
+    tools and rewards that wait on a model (an environment with a benchmark of its own overrides
+    `bench_server`)."""
 
     bench_mixes: ClassVar[Mapping[str, Plan]] = {}
+    server_bench: ClassVar[ServerBench | None] = None
+
+    def bench_server(self, options: ServerBenchOptions, echo: Callable[[str], object]) -> dict:
+        """Run `case-env bench server` for this environment; the figures, also written under `options.out`."""
+        from case_env.bench.model_server import run_model_bench
+
+        if self.server_bench is None:
+            raise ValueError(f"the {getattr(self, 'name', '?')} environment has no server benchmark")
+        return run_model_bench(self, self.server_bench, options, echo)
+
+
+class ServerBenchOptions(BaseModel):
+    """`case-env bench server`'s options: the shared ones, then those of one kind of benchmark (None: not
+    given; an environment refuses options it has no use for, by name)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    out: Path
+    rollouts: int = 256
+    duration: float = 20.0
+    warmup: float = 5.0
+    workers: int = 2
+    think_ms: float = 0.0
+    group_size: int = 1
+    runs: int = 1
+    # the benchmark of an environment served from a data root
+    data_root: Path | None = None
+    baseline: str | None = None
+    cache_mb: int | None = None
+    # a model-waiting benchmark
+    model_latency_ms: list[float] | None = None
+    model_failure_rate: float | None = None
+    rewards: int | None = None
+    judge_latency_ms: float | None = None
+
+    def refuse(self, env: str, unused: Sequence[str]) -> None:
+        """A ValueError naming the options given that `env`'s benchmark has no use for."""
+        given = [name for name in unused if getattr(self, name) is not None]
+        if given:
+            flags = ", ".join("--" + name.replace("_", "-") for name in given)
+            raise ValueError(f"the {env} server benchmark takes no {flags}")
 
 
 class Judged:

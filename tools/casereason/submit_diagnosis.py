@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from case_env.core.llm import default_judge
+from case_env.core.llm import asked_ahead, asked_judge, default_judge
 from case_env.core.tools import ToolResult, tool
 from case_env.envs.casereason.context import ReasoningContext
 from case_env.envs.casereason.judge import judge
 
 
+# a coroutine: the judge's reply is awaited on the server's loop, holding no thread
 @tool(personas=("diagnostician",))
-def submit_diagnosis(
+async def submit_diagnosis(
     ctx: ReasoningContext,
     diagnosis: str = Field(min_length=1, max_length=300, description="The name of the disease or entity."),
 ) -> ToolResult:
@@ -24,10 +25,17 @@ def submit_diagnosis(
     n = len(ctx.episode.submissions) + 1
     if n > k:
         return ToolResult(f"No attempts left ({k} of {k} used). Give your final answer.")
-    if judge(diagnosis.strip(), case.diagnosis, default_judge()).correct:
-        return ToolResult("Correct. Give this diagnosis as your final answer.")
+    verdict = await asked_ahead(
+        lambda: judge(diagnosis.strip(), case.diagnosis, asked_judge()), default_judge(), in_thread=False
+    )
+    fallback = UNJUDGED if verdict.by == "unavailable" else None
+    if verdict.correct:
+        return ToolResult("Correct. Give this diagnosis as your final answer.", fallback=fallback)
     if n < k:
-        return ToolResult(
-            f"Incorrect. Reconsider the case and submit a different diagnosis ({n} of {k} attempts used)."
-        )
-    return ToolResult(f"Incorrect. That was the last of {k} attempts; give your final answer.")
+        text = f"Incorrect. Reconsider the case and submit a different diagnosis ({n} of {k} attempts used)."
+    else:
+        text = f"Incorrect. That was the last of {k} attempts; give your final answer."
+    return ToolResult(text, fallback=fallback)
+
+
+UNJUDGED = "the judge did not answer (error or timeout); the offline grader decided"

@@ -17,6 +17,7 @@ from case_env.core.parts import (
     BankOptions,
     Banks,
     Baselines,
+    Benchmarks,
     Evaluation,
     HeldContext,
     Judged,
@@ -31,7 +32,7 @@ from case_env.core.personas import Personas
 from case_env.core.problems import Problems
 from case_env.core.text_cases import load_text_cases
 from case_env.core.tools import Tools
-from case_env.envs.casereason import evaluation
+from case_env.envs.casereason import bench, evaluation
 from case_env.envs.casereason.context import ReasoningContext, ReasoningEpisode
 from case_env.envs.casereason.reward import ReasoningScoreExtra
 
@@ -58,13 +59,15 @@ class ReasoningBankOptions(TextBankOptions):
 
 
 class CaseReasonEnvironment(
-    Environment, TextCases, Banks, Synthesis, Baselines, Evaluation, HeldContext, Judged
+    Environment, TextCases, Banks, Synthesis, Baselines, Evaluation, HeldContext, Judged, Benchmarks
 ):
     name = "casereason"
     title = "case-reasoning"
     summary = (
         "MedCaseReasoning: long case presentations, its judge and harness, k attempts, reasoning recall."
     )
+    bench_mixes = bench.MIXES
+    server_bench = bench.SERVER_BENCH
     tools = Tools("case_env.tools.casereason")
     personas = Personas("case_env.personas.casereason")
     context_model = ReasoningEpisode

@@ -20,6 +20,7 @@ from case_env.core.parts import (
     BankOptions,
     Banks,
     Baselines,
+    Benchmarks,
     Dialogue,
     Evaluation,
     Judged,
@@ -38,7 +39,7 @@ from case_env.core.personas import Personas
 from case_env.core.problems import Problems
 from case_env.core.text_cases import load_text_cases
 from case_env.core.tools import Tools
-from case_env.envs.clinic import evaluation
+from case_env.envs.clinic import bench, evaluation
 from case_env.envs.clinic.context import ClinicContext, ClinicEpisode
 from case_env.envs.clinic.reward import ClinicScoreExtra
 
@@ -141,11 +142,23 @@ MEDEXAGENT_SFT = SFTRecipe(
 
 
 class ClinicEnvironment(
-    Environment, TextCases, Banks, Synthesis, Baselines, Evaluation, Recipes, AgentLoops, Dialogue, Judged
+    Environment,
+    TextCases,
+    Banks,
+    Synthesis,
+    Baselines,
+    Evaluation,
+    Recipes,
+    AgentLoops,
+    Dialogue,
+    Judged,
+    Benchmarks,
 ):
     name = "clinic"
     title = "clinic"
     summary = "MedExAgent: its agent loop, prompt, exam tools, reward, noise and evaluation; talk to the patient, order exams at a cost, diagnose."
+    bench_mixes = bench.MIXES
+    server_bench = bench.SERVER_BENCH
     tools = Tools("case_env.tools.clinic")
     personas = Personas("case_env.personas.clinic")
     context_model = ClinicEpisode

@@ -1,9 +1,9 @@
-"""The imaging environment's own commands: `ingest ukb`, `segment`, `bench data`, `bench server`, `bench ingest`."""
+"""The imaging environment's own commands: `ingest ukb`, `segment`, `bench data`, `bench render`, `bench ingest` (and its
+`bench server`, `case_env.envs.imaging.bench.server.bench_server`)."""
 
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -149,81 +149,3 @@ def _register_bench(bench: typer.Typer) -> None:
             out, patients, [p.strip() for p in profiles.split(",") if p.strip()], cache_mb
         )
         typer.echo(json.dumps(result, indent=2))
-
-    @bench.command("server")
-    def bench_server(
-        data_root: Path = typer.Option(
-            Path("data/bench"),
-            "--data-root",
-            help="Data root (48 ci-profile patients generated there once if it is missing, then reused).",
-        ),
-        out: Path = typer.Option(
-            Path("bench-out/server"), "--out", help="Directory for bench.json and bench.png."
-        ),
-        rollouts: int = typer.Option(
-            256, "--rollouts", "--clients", min=1, help="Concurrent virtual rollouts."
-        ),
-        duration: float = typer.Option(
-            20.0, "--duration", min=1, help="Measured seconds per engine (after warm-up)."
-        ),
-        warmup: float = typer.Option(5.0, "--warmup", min=0, help="Unmeasured seconds first (caches fill)."),
-        workers: int = typer.Option(2, "--workers", min=1, help="Server worker processes (both engines)."),
-        baseline: str | None = typer.Option(
-            None,
-            "--baseline",
-            help="Baselines to run beside case-env, comma-separated: naive (the naive data engine), openenv "
-            "(OpenEnv's app factory; the openenv extra), floor (a bare Starlette route).",
-        ),
-        cache_mb: int | None = typer.Option(
-            None, "--cache-mb", min=0, help="Decoded-volume cache budget per worker."
-        ),
-        think_ms: float = typer.Option(
-            0.0, "--think-ms", min=0, help="Mean model time before each call (exponential); 0 = closed loop."
-        ),
-        group_size: int = typer.Option(
-            1,
-            "--group-size",
-            min=1,
-            help="Rollouts per GRPO group sharing patient and calls (1: all independent).",
-        ),
-    ) -> None:
-        """Throughput, per-tool latency, errors, server CPU and peak RSS of `case-env serve` under concurrent
-        imaging rollouts."""
-        from case_env.envs.imaging.bench.server import BENCH_PATIENTS, parse_baselines, run_server_bench
-        from case_env.envs.imaging.synth.writer import generate_dataset
-
-        try:
-            baselines = parse_baselines(baseline)
-        except ValueError as exc:
-            typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(2) from exc
-        if not data_root.is_dir():
-            typer.echo(f"{data_root} missing: generating {BENCH_PATIENTS} ci-profile patients (once; reused)")
-            generate_dataset(data_root, BENCH_PATIENTS, "ci", 0, jobs=os.cpu_count() or 1)
-        result = run_server_bench(
-            data_root, out, rollouts, duration, workers, warmup, baselines, cache_mb, think_ms, group_size
-        )
-        for engine, run in result["runs"].items():
-            typer.echo(
-                f"\n{engine}: {run['calls_per_s']} calls/s, {rollouts} rollouts, {workers} worker(s), "
-                f"server CPU {run['server_cpu_cores']} cores ({run['server_cpu_ms_per_call']} ms per call), "
-                f"peak RSS {run['server_peak_rss_mb']} MB, errors {run['errors'] or 'none'}, "
-                f"load generator CPU {run['load_cpu_ms_per_call']} ms per call"
-                + (
-                    f", response cache answered {run['response_cache_hit_rate']:.0%}"
-                    if run.get("response_cache_hit_rate") is not None
-                    else ""
-                )
-            )
-            typer.echo(f"  {'tool':22s} {'n':>7s} {'p50 ms':>8s} {'p95 ms':>8s} {'p99 ms':>8s}")
-            for tool, f in {**run["latency_ms"], "all": run["latency_ms_all"]}.items():
-                typer.echo(f"  {tool:22s} {f['n']:7d} {f['p50']:8.1f} {f['p95']:8.1f} {f['p99']:8.1f}")
-        for name in result["baselines"]:
-            for mix, r in result[f"ratio_vs_{name}"].items():
-                typer.echo(
-                    f"vs {name} ({mix}): {r['throughput']}x throughput, {r['p99']}x lower p99, "
-                    f"{r['cpu_per_call']}x the server CPU per call"
-                )
-        met = result["met"]
-        typer.echo("targets: " + ", ".join(f"{k} {'met' if v else 'MISSED'}" for k, v in met.items()))
-        typer.echo(f"wrote {out / 'bench.json'} and {out / 'bench.png'}")

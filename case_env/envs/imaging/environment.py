@@ -29,6 +29,7 @@ from case_env.core.parts import (
     Faults,
     PolicyFactory,
     ReportParts,
+    ServerBenchOptions,
     Synthesis,
     SynthOptions,
     Variant,
@@ -96,6 +97,11 @@ class ImagingEnvironment(
     loop_agent = "vision"
     max_turns = 32
     default = True
+
+    def bench_server(self, options: ServerBenchOptions, echo: Callable[[str], object]) -> dict:
+        from case_env.envs.imaging.bench.server import bench_server
+
+        return bench_server(options, echo)
 
     def __init__(self, store_class: type | None = None, imaging_class: type | None = None):
         # the benchmark's naive reference engine swaps the data engine behind the same tools

@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +37,7 @@ import psutil
 
 from case_env.bench.measure import Sampler, merged_turns, page_in
 from case_env.bench.process import ServerProcess, free_port
+from case_env.core.parts import ServerBenchOptions
 from case_env.envs.imaging.bench.mixes import episode_calls
 from case_env.envs.imaging.data.index import scan
 from case_env.envs.imaging.settings import ImagingSettings
@@ -492,3 +494,55 @@ def plot(result: dict, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
+
+
+def bench_server(options: ServerBenchOptions, echo: Callable[[str], object]) -> dict:
+    """`case-env bench server` for imaging: the engines above under `options.rollouts` rollouts, reported."""
+    from case_env.envs.imaging.synth.writer import generate_dataset
+
+    options.refuse("imaging", ("model_latency_ms", "model_failure_rate", "rewards", "judge_latency_ms"))
+    if options.runs != 1:
+        raise ValueError("the imaging server benchmark runs once per call (its engines already alternate)")
+    baselines = parse_baselines(options.baseline)
+    data_root = options.data_root or Path("data/bench")
+    out, rollouts, workers = options.out, options.rollouts, options.workers
+    if not data_root.is_dir():
+        echo(f"{data_root} missing: generating {BENCH_PATIENTS} ci-profile patients (once; reused)")
+        generate_dataset(data_root, BENCH_PATIENTS, "ci", 0, jobs=os.cpu_count() or 1)
+    result = run_server_bench(
+        data_root,
+        out,
+        rollouts,
+        options.duration,
+        workers,
+        options.warmup,
+        baselines,
+        options.cache_mb,
+        options.think_ms,
+        options.group_size,
+    )
+    for engine, run in result["runs"].items():
+        echo(
+            f"\n{engine}: {run['calls_per_s']} calls/s, {rollouts} rollouts, {workers} worker(s), "
+            f"server CPU {run['server_cpu_cores']} cores ({run['server_cpu_ms_per_call']} ms per call), "
+            f"peak RSS {run['server_peak_rss_mb']} MB, errors {run['errors'] or 'none'}, "
+            f"load generator CPU {run['load_cpu_ms_per_call']} ms per call"
+            + (
+                f", response cache answered {run['response_cache_hit_rate']:.0%}"
+                if run.get("response_cache_hit_rate") is not None
+                else ""
+            )
+        )
+        echo(f"  {'tool':22s} {'n':>7s} {'p50 ms':>8s} {'p95 ms':>8s} {'p99 ms':>8s}")
+        for tool, f in {**run["latency_ms"], "all": run["latency_ms_all"]}.items():
+            echo(f"  {tool:22s} {f['n']:7d} {f['p50']:8.1f} {f['p95']:8.1f} {f['p99']:8.1f}")
+    for name in result["baselines"]:
+        for mix, r in result[f"ratio_vs_{name}"].items():
+            echo(
+                f"vs {name} ({mix}): {r['throughput']}x throughput, {r['p99']}x lower p99, "
+                f"{r['cpu_per_call']}x the server CPU per call"
+            )
+    met = result["met"]
+    echo("targets: " + ", ".join(f"{k} {'met' if v else 'MISSED'}" for k, v in met.items()))
+    echo(f"wrote {out / 'bench.json'} and {out / 'bench.png'}")
+    return result

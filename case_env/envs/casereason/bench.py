@@ -1,0 +1,56 @@
+"""Case reasoning's benchmark: sequential episodes (up to three judged `submit_diagnosis` attempts, the server
+holding the episode's context) and the server benchmark's cases, stand-in replies and reward rows."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+from case_env.core.parts import ServerBench
+
+GUESSES = ("giant cell arteritis", "pulmonary embolism", "sarcoidosis", "pneumothorax", "aortic dissection")
+BENCH_CASES = 300
+
+
+def episode_calls(rng: random.Random) -> list[tuple[str, dict[str, Any]]]:
+    """One sequential episode: one to three attempts, each judged."""
+    return [("submit_diagnosis", {"diagnosis": guess}) for guess in rng.sample(GUESSES, rng.randint(1, 3))]
+
+
+MIXES = {"episode": episode_calls}
+
+
+def bench_cases(directory: Path) -> dict[str, str]:
+    from case_env.envs.casereason.synth import write_cases
+
+    path = directory / "casereason_synthetic.jsonl"
+    write_cases(BENCH_CASES, 0, path)
+    return {"CASE_ENV_CASEREASON_CASES": str(path)}
+
+
+def bench_rewards(n: int) -> list[tuple[str, str, str, dict]]:
+    """`n` rows of k=1 with a final answer and a reasoning trace, each scored by the judge (which reads its
+    verdicts from its cache when asked the same twice, as it does in training)."""
+    from case_env.envs.casereason.synth import make_reasoning_case
+
+    rows = []
+    for i in range(n):
+        case = make_reasoning_case(i % BENCH_CASES, 0)
+        response = (
+            "<think>The presentation and the findings point one way.</think>\n<answer>sarcoidosis</answer>"
+        )
+        extra = {"env": "casereason", "casereason": {"attempts": 1}}
+        rows.append(("casereason", response, case["final_diagnosis"], extra))
+    return rows
+
+
+SERVER_BENCH = ServerBench(
+    cases=bench_cases,
+    model_setting="CASE_ENV_JUDGE_URL",  # submit_diagnosis asks the judge
+    concurrency_setting="CASE_ENV_JUDGE_CONCURRENCY",
+    model_reply="no",
+    rewards=bench_rewards,
+    judge_reply="yes",
+    first_call=lambda i: ("submit_diagnosis", {"diagnosis": f"{GUESSES[0]} type {i}"}),  # judged afresh
+)
