@@ -92,12 +92,13 @@ def test_the_grader_agrees_with_labelled_pairs_it_was_not_developed_on():
     assert len({r["specialty"] for r in PAIRS if r["part"] == "measure"}) >= 12
     agree, false_accepts = _agreement(grade, "measure")
     assert agree >= 0.75 and false_accepts <= 0.20
-    assert (round(agree, 3), round(false_accepts, 3)) == (0.830, 0.0)  # the figures in docs/sources.md
+    # the figures in docs/sources.md: 88/106 with the rules alone, 91/106 with ICD-10-CM beside them
+    assert (round(agree, 3), round(false_accepts, 3)) == (0.858, 0.0)
     develop, _ = _agreement(grade, "develop")
     assert develop >= 0.95
-    # the previous rules (the clinic's matcher) on the same measured pairs: far stricter than the labels
+    # the clinic's matcher on the same measured pairs: far stricter than the labels (0.330 before ICD-10-CM)
     before, before_false = _agreement(same_condition, "measure")
-    assert round(before, 3) == 0.330 and before_false == 0.0
+    assert round(before, 3) == 0.434 and before_false == 0.0
 
 
 @pytest.mark.parametrize(

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from functools import cache
 
 from case_env.core.llm import Asker
+from case_env.medicine import terminology
 from case_env.medicine.conditions import CONDITIONS
 
 MAX_CONDITIONS = 5  # more than this in one answer is a shotgun, not a diagnosis: it scores nothing
@@ -137,7 +138,9 @@ def canonical(name: str) -> frozenset[str]:
 
 
 def same_condition(predicted: str, truth: str) -> bool:
-    """One predicted name against one ground-truth condition (any of its "/" alternatives)."""
+    """One predicted name against one ground-truth condition (any of its "/" alternatives): the same words
+    (qualifiers aside), or, through ICD-10-CM, one concept or a subtype within one disease (never two
+    conditions it excludes from each other)."""
     p = canonical(predicted)
     if not p:
         return False
@@ -149,6 +152,8 @@ def same_condition(predicted: str, truth: str) -> bool:
             return True
         core_p, core_t = p - QUALIFIERS, t - QUALIFIERS
         if core_p and core_p == core_t and (p <= t or t <= p):
+            return True
+        if terminology.related(predicted, alternative):
             return True
     return False
 

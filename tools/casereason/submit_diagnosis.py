@@ -10,7 +10,8 @@ from case_env.envs.casereason.context import ReasoningContext
 from case_env.envs.casereason.judge import judge
 
 
-# a coroutine: the judge's reply is awaited on the server's loop, holding no thread
+# a coroutine: the judge's reply is awaited on the server's loop, holding no thread (the grading in a thread:
+# its first use reads the ICD-10-CM index)
 @tool(personas=("diagnostician",))
 async def submit_diagnosis(
     ctx: ReasoningContext,
@@ -26,7 +27,7 @@ async def submit_diagnosis(
     if n > k:
         return ToolResult(f"No attempts left ({k} of {k} used). Give your final answer.")
     verdict = await asked_ahead(
-        lambda: judge(diagnosis.strip(), case.diagnosis, asked_judge()), default_judge(), in_thread=False
+        lambda: judge(diagnosis.strip(), case.diagnosis, asked_judge()), default_judge()
     )
     fallback = UNJUDGED if verdict.by == "unavailable" else None
     if verdict.correct:

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from functools import cache
 
 from case_env.envs.casereason.lookalikes import GROUPS
+from case_env.medicine import terminology
 from case_env.medicine.diagnosis import SPELLINGS, same_condition
 
 
@@ -384,7 +385,7 @@ def grade(predicted: str, truth: str) -> bool:
         return False
     for p in alternatives(predicted):
         for t in alternatives(truth, parts=False):
-            if _match(p, t):
+            if _match(p, t) or terminology.related(p, t):
                 return True
     return False
 
