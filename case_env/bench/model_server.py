@@ -211,6 +211,9 @@ def _rewards(bench: ServerBench, count: int, judge_ms: float, failure: float, n:
     from case_env.core import llm
 
     rows = bench.rewards(count)
+    reward.score_row(
+        *rows[0]
+    )  # what a reward worker loads once (its graders' tables), before the clock starts
     with StandInProcess(judge_ms, failure, bench.judge_reply, seed=n) as judge:
         saved = {k: os.environ.get(k) for k in ("CASE_ENV_JUDGE_URL", "CASE_ENV_JUDGE_CONCURRENCY")}
         os.environ["CASE_ENV_JUDGE_URL"] = judge.url

@@ -21,6 +21,7 @@ import contextlib
 import json
 import os
 import re
+import threading
 import unicodedata
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
@@ -171,10 +172,18 @@ def _cache_file(path: Path) -> Path:
     return home / "case-env" / f"icd10cm-{INDEX_FORMAT}-{path.name}-{stat.st_size}-{int(stat.st_mtime)}.json"
 
 
+_LOADING = threading.Lock()
+
+
 @cache
 def icd10cm() -> Terminology | None:
     """The ICD-10-CM index, or None without the package. Parsing the list takes about 3.5 s here, so the
     index is kept as JSON in the user's cache directory (read back in a tenth of that) and once per process."""
+    with _LOADING:  # threads scoring at once wait for one reading
+        return _load()
+
+
+def _load() -> Terminology | None:
     path = tabular_path()
     if path is None:
         return None
