@@ -175,7 +175,6 @@ def _cache_file(path: Path) -> Path:
 _LOADING = threading.Lock()
 
 
-@cache
 def icd10cm() -> Terminology | None:
     """The ICD-10-CM index, or None without the package. Parsing the list takes about 3.5 s here, so the
     index is kept as JSON in the user's cache directory (read back in a tenth of that) and once per process."""
@@ -183,6 +182,7 @@ def icd10cm() -> Terminology | None:
         return _load()
 
 
+@cache
 def _load() -> Terminology | None:
     path = tabular_path()
     if path is None:
@@ -221,3 +221,6 @@ def exclusive(first: str, second: str) -> bool:
     """`Terminology.exclusive` through ICD-10-CM (False without it)."""
     terms = icd10cm()
     return terms is not None and terms.exclusive(first, second)
+
+
+icd10cm.cache_clear = _load.cache_clear  # type: ignore[attr-defined]
