@@ -47,8 +47,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 log = logging.getLogger("case_env.core.llm")
 T = TypeVar("T")
-# vLLM's scheduler takes 256 sequences at once by default (`max_num_seqs`); past it requests wait in its queue,
-# where they cost more than in ours (their prompt is held and counted against its timeout)
+# ours: about what one vLLM server batches at once; set it to the endpoint's `--max-num-seqs`. Past the server's
+# own batch, requests wait in its queue, where they cost more than in ours (held, and timed against its timeout)
 DEFAULT_CONCURRENCY = 256
 BACKOFF_S = 0.25  # the first retry's wait, doubled after each, with jitter
 

@@ -18,6 +18,7 @@ first calls the method.
 | `Faults` | model-fault codes of its own beside the shared ones (`ErrorCode`) | /openapi.json, tests |
 | `HeldContext` | a context the server rebuilds from its own record of the episode | the tool route |
 | `Benchmarks` | call mixes the shared load generator plays; its `bench server` | `case-env bench ...` |
+| `Judged` | its reward may ask the LLM judge: verl's rate-limited reward manager when one is set | `train run` |
 | `Recipes` | training recipes (verl overrides) and supervised stages | `train run`, `train preflight`, `train_sft.sh` |
 | `AgentLoops` | verl agent loops of its own, named by its rows' `agent_name` | `train run`, `train preflight` |
 | `Dialogue` | episodes as conversations: plain text said to someone the server plays | `eval`, its agent loops |

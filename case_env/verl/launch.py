@@ -53,7 +53,7 @@ def recipes() -> dict[str, Recipe]:
 
 TEMPLATE_CHOICES = ("auto", "model", "shipped")
 REWARD_MANAGERS = ("auto", "naive", "rate_limited")
-JUDGE_CONCURRENCY = 256  # vLLM's default max_num_seqs: what one judge server schedules at once
+JUDGE_CONCURRENCY = 256  # ours: about what one vLLM judge server batches at once (its --max-num-seqs)
 REWARD_WORKERS = 8  # verl's reward.num_workers default; each is a process with its own limiter
 REWARD_TIMEOUT_MARGIN_S = 30.0
 
@@ -158,7 +158,7 @@ def parse(argv: list[str], prog: str = "scripts/train_grpo.sh") -> tuple[argpars
         type=int,
         default=JUDGE_CONCURRENCY,
         help=f"Rewards scored at once over all of verl's reward workers (rate_limited; default "
-        f"{JUDGE_CONCURRENCY}, what one vLLM judge schedules at once by default).",
+        f"{JUDGE_CONCURRENCY}, about what one vLLM judge server batches at once: set its --max-num-seqs).",
     )
     parser.add_argument(
         "--judge-rpm",
