@@ -158,6 +158,43 @@ def test_bench_server_measures_case_env_against_every_baseline(dataset, tmp_path
     assert unknown.returncode == 2 and "unknown baseline 'ray'" in unknown.stderr
 
 
+def test_bench_server_measures_a_model_waiting_environment_against_its_bounds(tmp_path):
+    """`bench server --env clinic` at a small scale: the stand-in patient at two latencies, the burst and the
+    reward batch with their bounds; options of another kind of benchmark refused by name."""
+    result = run(
+        *("bench", "server", "--env", "clinic", "--out", str(tmp_path / "bench")),
+        *("--rollouts", "16", "--duration", "3", "--warmup", "0.5", "--workers", "1"),
+        *("--model-latency-ms", "0,200", "--rewards", "48", "--judge-latency-ms", "200"),
+    )
+    assert result.returncode == 0, result.stderr
+    assert "burst: 1024 episodes" in result.stdout and "rewards: 48 scored" in result.stdout
+    figures = json.loads((tmp_path / "bench" / "bench.json").read_text())
+    assert figures["env"] == "clinic" and len(figures["runs"]) == 1
+    run_figures = figures["runs"][0]
+    assert set(run_figures["calls"]) == {"0", "200"}
+    for latency, calls in run_figures["calls"].items():
+        assert calls["errors"] == {} and calls["fallbacks"] == 0, latency
+        assert calls["latency_ms"]["ask_patient"]["n"] > 0 and calls["model"]["requests"] > 0
+    slow = run_figures["calls"]["200"]["latency_ms"]["ask_patient"]
+    assert slow["p50"] >= 200  # every answer waited on the stand-in
+    burst = run_figures["burst"]
+    assert (
+        burst["outcomes"] == {"ok": 1024}
+        and burst["model_peak_in_flight"] == burst["in_flight_allowed"] == 256
+    )
+    assert burst["bound_s"] == 4 and burst["seconds"] >= 4  # four replies of 1 s, 256 at a time
+    rewards = run_figures["rewards"]
+    assert rewards["errors"] == 0 and rewards["key_sets"] == 1 and rewards["judged"] == 48
+    assert rewards["judge_requests"] == 48 and rewards["sequential_bound_s"] == 9.6
+    refused = run("bench", "server", "--env", "clinic", "--baseline", "naive", "--out", str(tmp_path / "x"))
+    assert refused.returncode == 2 and "the clinic server benchmark takes no --baseline" in refused.stderr
+    refused = run("bench", "server", "--model-latency-ms", "300", "--out", str(tmp_path / "y"))
+    assert (
+        refused.returncode == 2
+        and "the imaging server benchmark takes no --model-latency-ms" in refused.stderr
+    )
+
+
 def test_eval_traj_and_replay_name_bad_input(tmp_path):
     bank = tmp_path / "bank.parquet"
     result = run(

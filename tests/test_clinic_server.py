@@ -618,3 +618,18 @@ def test_a_failing_patient_falls_back_to_the_rules_counted_in_metrics_and_the_ep
         assert 'case_env_model_fallbacks_total{tool="ask_patient"} 3.0' in scraped
         logged = httpx.get(f"{server.url}/v1/episodes/ep-f0", timeout=10).json()
         assert logged["calls"][0]["fallback"].startswith("the LLM patient did not answer")
+
+
+def test_a_replayed_patient_answers_from_the_recording_without_awaiting_a_model():
+    """A replay server answers ask_patient from its book: the bound tool no longer awaits (its handler is
+    the book's lookup), so the route runs it as any recorded tool."""
+    from case_env.core import registry
+    from case_env.core.tools import ToolContext, ToolResult, canonical_arguments
+    from case_env.server.replay import ReplayBook
+
+    spec = registry.get("clinic").tools["ask_patient"]
+    assert spec.awaits
+    args = spec.parse({"question": "Since when?"})
+    book = ReplayBook(entries={("c1", "ask_patient", canonical_arguments(args)): ToolResult("Since Monday.")})
+    bound = book.bind({"ask_patient": spec})["ask_patient"]
+    assert bound.awaits is False and bound.run(ToolContext(None, "c1"), args).text == "Since Monday."

@@ -95,8 +95,11 @@ class ReplayBook:
                 last = None
 
     def bind(self, tools: dict[str, ToolSpec]) -> dict[str, ToolSpec]:
-        """The same tools (schemas, validation, pools) answering from this book."""
-        return {name: dataclasses.replace(spec, run=self._handler(spec)) for name, spec in tools.items()}
+        """The same tools (schemas, validation, pools) answering from this book (from memory: none awaits)."""
+        return {
+            name: dataclasses.replace(spec, run=self._handler(spec), awaits=False)
+            for name, spec in tools.items()
+        }
 
     def _handler(self, spec: ToolSpec):
         def run(ctx: ToolContext, args) -> ToolResult:
