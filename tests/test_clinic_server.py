@@ -616,6 +616,7 @@ def test_a_failing_patient_falls_back_to_the_rules_counted_in_metrics_and_the_ep
         assert model.stats()["requests"] == 6  # each asked twice (one retry), every answer a 500
         scraped = httpx.get(f"{server.url}/metrics", timeout=10).text
         assert 'case_env_model_fallbacks_total{tool="ask_patient"} 3.0' in scraped
+        assert f'case_env_model_requests{{endpoint="{model.url}",state="waiting"}} 0.0' in scraped
         logged = httpx.get(f"{server.url}/v1/episodes/ep-f0", timeout=10).json()
         assert logged["calls"][0]["fallback"].startswith("the LLM patient did not answer")
 

@@ -80,6 +80,14 @@ class Metrics:
             ["tool"],
             **kw,
         )
+        self.model_requests = Gauge(
+            "case_env_model_requests",
+            "Requests of this server's tools to a language model endpoint, by state: in_flight, or waiting "
+            "in the endpoint's queue (sampled every 0.25 s and at each scrape).",
+            ["endpoint", "state"],
+            multiprocess_mode="livesum",
+            **kw,
+        )
         self.episodes_live = Gauge(
             "case_env_episodes_live", "Episodes remembered.", multiprocess_mode="max", **kw
         )
@@ -87,6 +95,12 @@ class Metrics:
     def count_cache(self, result: str) -> None:
         """One call answered by the response cache as `result`: hit, shared or miss."""
         self._cache[result] = self._cache.get(result, 0) + 1
+
+    def note_models(self, stats: dict) -> None:
+        """Each model endpoint's requests in flight and waiting (`core.llm.endpoint_stats`)."""
+        for url, endpoint in stats.items():
+            self.model_requests.labels(url, "in_flight").set(endpoint.in_flight)
+            self.model_requests.labels(url, "waiting").set(endpoint.waiting)
 
     def count_fallback(self, tool: str) -> None:
         """One call of `tool` answered by its rules because its model failed."""

@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from case_env.core.environment import Cases, Environment
+from case_env.core.llm import endpoint_stats
 from case_env.core.parts import HeldContext
 from case_env.core.tools import ToolSpec, schema_version
 from case_env.server.admission import Admission
@@ -93,6 +94,7 @@ class ServerState:
         metric files on every call cost more than the rest of a cheap call's bookkeeping (issue 19 profile)."""
         self.metrics.in_flight.set(self.admission.active)
         self.metrics.cache_bytes.set(self.memory_bytes())
+        self.metrics.note_models(endpoint_stats())
 
     def warm(self, env: str, patient_id: str) -> None:
         """Prepare a case in the background the first time this worker sees it. One background thread, so
