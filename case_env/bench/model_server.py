@@ -146,6 +146,13 @@ def _calls(name, bench, options, settings, ids, latency, failure, n) -> dict:
         figures["fallbacks"] = _fallbacks(server.url)
         figures["model"] = model.stats()
     figures["latency_ms_model"] = latency
+    tool = bench.first_call(0)[0]  # the tool that waits on the model
+    asked = figures["latency_ms"].get(tool, {}).get("n", 0) / figures["duration_s"]
+    figures["model_tool_calls_per_s"] = round(asked, 1)
+    if latency > 0:  # what the endpoint's bound allows: requests in flight over all workers, one reply each
+        bound = options.workers * DEFAULT_CONCURRENCY / (latency / 1000)
+        figures["model_bound_calls_per_s"] = round(bound, 1)
+        figures["ratio_vs_model_bound"] = round(asked / bound, 3)
     return figures
 
 
@@ -265,9 +272,15 @@ def _rewards(bench: ServerBench, count: int, judge_ms: float, failure: float, n:
 
 def _calls_line(f: dict) -> str:
     tools = ", ".join(f"{tool} p50/p99 {x['p50']}/{x['p99']} ms" for tool, x in f["latency_ms"].items())
+    bound = (
+        f" ({f['ratio_vs_model_bound']:.0%} of the {f['model_bound_calls_per_s']:g}/s its bound allows)"
+        if "ratio_vs_model_bound" in f
+        else ""
+    )
     return (
-        f"{f['calls_per_s']} calls/s; {tools}; errors {f['errors'] or 'none'}; fallbacks {f['fallbacks']}; "
-        f"model requests {f['model']['requests']} (peak {f['model']['peak_in_flight']} in flight)"
+        f"{f['calls_per_s']} calls/s, {f['model_tool_calls_per_s']} of them waiting on the model{bound}; {tools}; "
+        f"errors {f['errors'] or 'none'}; fallbacks {f['fallbacks']}; model requests {f['model']['requests']} "
+        f"(peak {f['model']['peak_in_flight']} in flight)"
     )
 
 
