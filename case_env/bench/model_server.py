@@ -278,7 +278,7 @@ def _calls_line(f: dict) -> str:
         else ""
     )
     return (
-        f"{f['calls_per_s']} calls/s, {f['model_tool_calls_per_s']} of them waiting on the model{bound}; {tools}; "
+        f"{f['calls_per_s']} calls/s, {f['model_tool_calls_per_s']} of the tool that asks the model{bound}; {tools}; "
         f"errors {f['errors'] or 'none'}; fallbacks {f['fallbacks']}; model requests {f['model']['requests']} "
         f"(peak {f['model']['peak_in_flight']} in flight)"
     )

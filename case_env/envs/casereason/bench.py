@@ -14,8 +14,13 @@ BENCH_CASES = 300
 
 
 def episode_calls(rng: random.Random) -> list[tuple[str, dict[str, Any]]]:
-    """One sequential episode: one to three attempts, each judged."""
-    return [("submit_diagnosis", {"diagnosis": guess}) for guess in rng.sample(GUESSES, rng.randint(1, 3))]
+    """One sequential episode: one to three attempts, each a name the judge has not seen (its verdicts are
+    cached, so a repeated name would measure the cache, not the wait on the judge)."""
+    tag = rng.randrange(10**9)
+    return [
+        ("submit_diagnosis", {"diagnosis": f"{guess} type {tag}"})
+        for guess in rng.sample(GUESSES, rng.randint(1, 3))
+    ]
 
 
 MIXES = {"episode": episode_calls}
@@ -30,8 +35,7 @@ def bench_cases(directory: Path) -> dict[str, str]:
 
 
 def bench_rewards(n: int) -> list[tuple[str, str, str, dict]]:
-    """`n` rows of k=1 with a final answer and a reasoning trace, each scored by the judge (which reads its
-    verdicts from its cache when asked the same twice, as it does in training)."""
+    """`n` rows of k=1 with a final answer and a reasoning trace, each asking the judge a question of its own."""
     from case_env.envs.casereason.synth import make_reasoning_case
 
     rows = []
