@@ -39,13 +39,14 @@ def bench_rewards(n: int) -> list[tuple[str, str, str, dict]]:
     from case_env.envs.casereason.synth import make_reasoning_case
 
     rows = []
-    for i in range(n):
+    extra = {"env": "casereason", "casereason": {"attempts": 1}}
+    for i in range(n):  # a distinct answer per row: no row reads another's cached verdict
         case = make_reasoning_case(i % BENCH_CASES, 0)
+        answer = f"{GUESSES[i % len(GUESSES)]} type {i}"
         response = (
-            "<think>The presentation and the findings point one way.</think>\n<answer>sarcoidosis</answer>"
+            f"<think>The presentation and the findings point one way.</think>\n<answer>{answer}</answer>"
         )
-        extra = {"env": "casereason", "casereason": {"attempts": 1}}
-        rows.append(("casereason", response, case["final_diagnosis"], extra))
+        rows.append(("casereason", response, case["final_diagnosis"], dict(extra)))
     return rows
 
 
