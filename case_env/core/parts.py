@@ -430,5 +430,6 @@ PARTS: tuple[type, ...] = (
     Recipes,
     AgentLoops,
     Dialogue,
+    Judged,
     Commands,
 )

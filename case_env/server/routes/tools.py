@@ -54,6 +54,7 @@ from case_env.server.models import (
 from case_env.server.state import ServerState
 
 log = logging.getLogger("case_env.server")
+FALLBACK_MARGIN_S = 0.25  # of a call's deadline, kept for the rules that answer when its model runs late
 router = APIRouter(
     prefix="/v1", tags=["tools"], dependencies=[Depends(require_token)], responses=UNAUTHORIZED
 )
@@ -375,9 +376,6 @@ async def _compute(
         return _late(state)
     except Exception:
         return _internal(spec)
-
-
-FALLBACK_MARGIN_S = 0.25  # of a call's deadline, kept for the rules that answer when its model runs late
 
 
 def _refused(exc: ToolError | DataError) -> Outcome:
