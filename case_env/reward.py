@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
@@ -65,6 +66,17 @@ def environment_of(data_source: str, extra_info: dict | None) -> Environment:
     return registry.for_row(data_source, extra_info)
 
 
+def scorer(
+    data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None
+) -> Callable[[], dict[str, Any]]:
+    """The row's reward as a function of nothing: its environment found and its text capped once, its score
+    computed (and its judge asked) each time it is called."""
+    env = environment_of(data_source, extra_info)
+    extra = extra_info if isinstance(extra_info, dict) else None
+    text = capped(solution_str)
+    return lambda: env.score(text, ground_truth, extra).flat()
+
+
 def score_row(
     data_source: str,
     solution_str: str,
@@ -74,9 +86,7 @@ def score_row(
 ) -> dict[str, Any]:
     """The row's reward, in this thread (eval, `/v1/score`, tests); a judge is asked through the same pooled
     client as `compute_score`'s, this thread waiting for it."""
-    env = environment_of(data_source, extra_info)
-    extra = extra_info if isinstance(extra_info, dict) else None
-    return env.score(capped(solution_str), ground_truth, extra).flat()
+    return scorer(data_source, solution_str, ground_truth, extra_info)()
 
 
 async def compute_score(
@@ -91,13 +101,7 @@ async def compute_score(
     work runs in a thread, its judge requests go out together and are awaited here (`llm.asked_ahead`).
     Past `CASE_ENV_SCORE_DEADLINE_S` the deterministic fallback scores the row, so verl's own timeout, which
     would give the row other keys than its batch's, never fires first (the launcher sets it higher)."""
-    env = environment_of(data_source, extra_info)
-    extra = extra_info if isinstance(extra_info, dict) else None
-    text = capped(solution_str)
-
-    def scored() -> dict[str, Any]:
-        return env.score(text, ground_truth, extra).flat()
-
+    scored = scorer(data_source, solution_str, ground_truth, extra_info)
     try:
         return await asyncio.wait_for(llm.asked_ahead(scored, llm.default_judge()), score_deadline_s())
     except TimeoutError:

@@ -20,6 +20,7 @@ Each figure is measured in the run that reports it; `--runs N` repeats the whole
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -28,7 +29,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -96,26 +97,27 @@ def run_model_bench(
     return result
 
 
-def _server(bench: ServerBench, options: ServerBenchOptions, settings: dict, model_url: str, log: Path):
-    return ServerProcess(
-        log,
-        {
+@contextlib.contextmanager
+def _served(
+    bench: ServerBench, options: ServerBenchOptions, settings: dict, latency: float, failure: float, seed: int
+) -> Iterator[tuple[StandInProcess, ServerProcess]]:
+    """The stand-in model and `case-env serve` with its cases and the stand-in as its model, both running."""
+    with StandInProcess(latency, failure, bench.model_reply, seed=seed) as model:
+        env = {
             **settings,
-            bench.model_setting: model_url,
+            bench.model_setting: model.url,
             "CASE_ENV_WORKERS": str(options.workers),
             "CASE_ENV_DATA_ROOT": None,  # text cases only
             "CASE_ENV_TOKEN": None,
             "CASE_ENV_AUDIT_LOG": None,
             "CASE_ENV_EPISODE_DB": None,
-        },
-    )
+        }
+        with ServerProcess(options.out / "scratch" / "server.log", env) as server:
+            yield model, server
 
 
 def _calls(name, bench, options, settings, ids, latency, failure, n) -> dict:
-    with (
-        StandInProcess(latency, failure, bench.model_reply, seed=n) as model,
-        _server(bench, options, settings, model.url, options.out / "scratch" / "server.log") as server,
-    ):
+    with _served(bench, options, settings, latency, failure, n) as (model, server):
         result = options.out / "scratch" / "load.json"
         command = [
             sys.executable,
@@ -167,10 +169,7 @@ def _burst(bench: ServerBench, options: ServerBenchOptions, settings: dict, case
     several workers is not the server's to choose)."""
     in_flight = DEFAULT_CONCURRENCY
     one_worker = options.model_copy(update={"workers": 1})
-    with (
-        StandInProcess(BURST_LATENCY_MS, 0.0, bench.model_reply, seed=n) as model,
-        _server(bench, one_worker, settings, model.url, options.out / "scratch" / "server.log") as server,
-    ):
+    with _served(bench, one_worker, settings, BURST_LATENCY_MS, 0.0, n) as (model, server):
 
         async def burst() -> tuple[float, dict[str, int]]:
             clients = [Client(server.url, timeout_s=120) for _ in range(BURST)]
@@ -218,9 +217,8 @@ def _rewards(bench: ServerBench, count: int, judge_ms: float, failure: float, n:
     from case_env.core import llm
 
     rows = bench.rewards(count)
-    reward.score_row(
-        *rows[0]
-    )  # what a reward worker loads once (its graders' tables), before the clock starts
+    # what a reward worker loads once (its graders' tables), loaded before the clock starts
+    reward.score_row(*rows[0])
     with StandInProcess(judge_ms, failure, bench.judge_reply, seed=n) as judge:
         saved = {k: os.environ.get(k) for k in ("CASE_ENV_JUDGE_URL", "CASE_ENV_JUDGE_CONCURRENCY")}
         os.environ["CASE_ENV_JUDGE_URL"] = judge.url

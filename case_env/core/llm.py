@@ -181,9 +181,7 @@ class Endpoint:
                 await self._slots.acquire()
         except TimeoutError:
             stats.waiting -= 1
-            stats.failed += 1
-            log.warning("LLM endpoint %s: no free slot within %g s; falling back", self.base_url, timeout_s)
-            return None
+            return self._failed(f"no free slot within {timeout_s:g} s")
         stats.waiting -= 1
         stats.in_flight += 1
         stats.peak_in_flight = max(stats.peak_in_flight, stats.in_flight)

@@ -74,7 +74,10 @@ class Terminology:
 
     def exclusive(self, first: str, second: str) -> bool:
         """Both names are held and their codes exclude each other (Excludes1)."""
-        return any(self.excluded(a, b) for a in self.lookup(first) for b in self.lookup(second))
+        return self._excluding(self.lookup(first), self.lookup(second))
+
+    def _excluding(self, a_codes: set[str], b_codes: set[str]) -> bool:
+        return any(self.excluded(a, b) for a in a_codes for b in b_codes)
 
     def related(self, first: str, second: str) -> bool | None:
         """True: the names reach one concept, or one a subtype of the other in one category; False: both are
@@ -82,7 +85,7 @@ class Terminology:
         a_codes, b_codes = self.lookup(first), self.lookup(second)
         if not a_codes or not b_codes:
             return None
-        if any(self.excluded(a, b) for a in a_codes for b in b_codes):
+        if self._excluding(a_codes, b_codes):
             return False
         return any(b in self.lineage(a) or a in self.lineage(b) for a in a_codes for b in b_codes)
 
@@ -97,8 +100,8 @@ def _excludes(terms: Terminology, a: str, b: str) -> bool:
 
 def _within(code: str, first: str, last: str) -> bool:
     """Is `code` in the range first..last (a single code's range is itself and its subcodes)?"""
-    if first == last:
-        return code == first or code.startswith(first + ".") or code.startswith(first)
+    if first == last:  # codes are dotted after their third character: a prefix is the code or a subcode
+        return code.startswith(first)
     return first[:3] <= code[:3] <= last[:3]
 
 

@@ -226,13 +226,13 @@ async def _serve(state: ServerState, name: str, body: ToolCallRequest, started: 
     ready, reason = state.readiness()
     if not ready:
         return Outcome.failure(ErrorCode.NOT_READY, f"server not ready: {reason}", headers=_retry(state))
-    spec = state.tools.get(name)
+    spec = state.tools.get(name)  # the served spec (a replay's answers from its recordings)
     admission = state.awaiting if spec is not None and spec.awaits else state.admission
     if not await admission.enter():  # shed load before any lookup or database write
         message = "too many calls in flight; retry shortly"
         return Outcome.failure(ErrorCode.OVERLOADED, message, headers=_retry(state))
     try:
-        return await _admitted(state, name, body, started)
+        return await _admitted(state, name, spec, body, started)
     finally:
         admission.leave()
 
@@ -241,7 +241,9 @@ def _retry(state: ServerState) -> dict[str, str]:
     return {"Retry-After": str(state.settings.retry_after_s)}
 
 
-async def _admitted(state: ServerState, name: str, body: ToolCallRequest, started: float) -> Outcome:
+async def _admitted(
+    state: ServerState, name: str, spec: ToolSpec | None, body: ToolCallRequest, started: float
+) -> Outcome:
     env_name = state.environment(body.patient_id, name)
     if env_name is None:
         return Outcome.failure(ErrorCode.UNKNOWN_PATIENT, f"unknown patient {body.patient_id!r}")
@@ -250,7 +252,6 @@ async def _admitted(state: ServerState, name: str, body: ToolCallRequest, starte
         return Outcome.failure(ErrorCode.SCOPE_VIOLATION, "this episode is bound to another patient")
     state.warm(env_name, body.patient_id)
     env = state.environments[env_name]
-    spec = state.tools.get(name)  # the served spec (a replay's answers from its recordings)
     if spec is None:
         valid = ", ".join(env.tools)
         return Outcome.failure(
