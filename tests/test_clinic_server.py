@@ -199,13 +199,19 @@ def test_score_route_returns_the_clinic_components(server):
         json={"data_source": "vista3d_opsd", "ground_truth": "B", "solution_str": "<answer>B</answer>"},
         timeout=10,
     ).json()
-    assert imaging == {
-        "env": "imaging",
-        "score": 1.0,
-        "acc": 1.0,
-        "pred": "B",
-        "format_ok": True,
-    }  # no components
+    components = imaging.pop("components")
+    assert imaging == {"env": "imaging", "score": 1.0, "acc": 1.0, "pred": "B", "format_ok": True}
+    # CASE's rubric, unweighted: a bare letter cites nothing a tool returned
+    assert components["rubric_by"] == "rules" and components["rubric"] == 0.0
+    assert set(components) == {
+        "rubric_values",
+        "rubric_visits",
+        "rubric_grounded",
+        "rubric_follows",
+        "rubric",
+        "rubric_applicable",
+        "rubric_by",
+    }
 
 
 @pytest.mark.parametrize(

@@ -80,6 +80,12 @@ def test_the_launcher_gives_judged_banks_verls_rate_limited_manager(clinic_bank,
     assert _compose(clinic_bank).reward.reward_manager.name == "naive"
     imaging = build_bank(dataset, tmp_path / "imaging")
     assert _compose(imaging, judge_url="http://127.0.0.1:9/v1").reward.reward_manager.name == "naive"
+    # CASE's recipes weight the imaging rubric, which asks the judge
+    case = _compose(imaging, "--recipe", "case", judge_url="http://127.0.0.1:9/v1")
+    assert case.reward.reward_manager.name == "rate_limited"
+    assert _compose(
+        imaging, "--recipe", "case-abl-rlaif", judge_url="http://x/v1"
+    ).reward.reward_manager.name == ("naive")
     assert _compose(
         clinic_bank, "--reward-manager", "naive", judge_url="http://x/v1"
     ).reward.reward_manager.name == ("naive")

@@ -4,10 +4,20 @@ from __future__ import annotations
 
 import pytest
 
+from case_env.envs.imaging import rubric
 from case_env.reward import score_row
 
 TOOL = '<tool_call>\n{"name": "get_organ_volume", "arguments": {"organ": "liver", "visit": "baseline"}}\n</tool_call>'
 RESPONSE = "user\n<tool_response>\n{text}\n</tool_response>\nassistant\n"
+
+
+COMMON = ("score", "acc", "pred", "format_ok")
+KEYS = {*COMMON, *rubric.KEYS}  # the letter's keys, then CASE's rubric (weight 0 here: the letter alone)
+
+
+def common(result: dict) -> dict:
+    assert set(result) == KEYS
+    return {k: result[k] for k in COMMON}
 
 
 def score(final: str, truth: str = "B", tool_text: str = "Liver at baseline: volume 1,634.8 mL.") -> dict:
@@ -33,11 +43,11 @@ def score(final: str, truth: str = "B", tool_text: str = "Liver at baseline: vol
 )
 def test_accepted_forms_score_one(final):
     result = score(final)
-    assert result == {"score": 1.0, "acc": 1.0, "pred": "B", "format_ok": True}
+    assert common(result) == {"score": 1.0, "acc": 1.0, "pred": "B", "format_ok": True}
 
 
 def test_a_wrong_letter_scores_zero_but_is_well_formed():
-    assert score("<answer>C</answer>") == {"score": 0.0, "acc": 0.0, "pred": "C", "format_ok": True}
+    assert common(score("<answer>C</answer>")) == {"score": 0.0, "acc": 0.0, "pred": "C", "format_ok": True}
 
 
 @pytest.mark.parametrize(
@@ -63,7 +73,7 @@ def test_a_wrong_letter_scores_zero_but_is_well_formed():
 def test_rejected_forms_score_zero(final, tool_text):
     result = score(final, tool_text=tool_text or "Liver volume 1,634.8 mL.")
     assert result["score"] == 0.0 and result["acc"] == 0.0
-    assert set(result) == {"score", "acc", "pred", "format_ok"}
+    assert set(result) == KEYS
 
 
 def test_reasoning_letter_does_not_count_against_a_different_final_answer():
@@ -76,7 +86,7 @@ def test_reasoning_letter_does_not_count_against_a_different_final_answer():
 def test_ground_truth_spelling_and_missing_tool_turns():
     assert score_row("x", "<answer>D</answer>", "(d)")["score"] == 1.0
     assert score_row("x", "<answer>D</answer>", " D ")["score"] == 1.0
-    assert score_row("x", None, "D") == {"score": 0.0, "acc": 0.0, "pred": "", "format_ok": False}
+    assert common(score_row("x", None, "D")) == {"score": 0.0, "acc": 0.0, "pred": "", "format_ok": False}
 
 
 def test_a_fake_tool_response_end_in_the_answer_is_still_the_models_text():

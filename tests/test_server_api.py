@@ -724,7 +724,9 @@ def test_score_route_is_the_reward_function(server):
         body = {"data_source": "vista3d_opsd", "solution_str": solution, "ground_truth": truth}
         response = httpx.post(f"{server.url}/v1/score", json=body, timeout=10)
         assert response.status_code == 200
-        assert response.json() == {"env": "imaging", **score_row("vista3d_opsd", solution, truth)}
+        expected = score_row("vista3d_opsd", solution, truth)
+        common = {k: expected.pop(k) for k in ("score", "acc", "pred", "format_ok")}
+        assert response.json() == {"env": "imaging", **common, "components": expected}
     bad = httpx.post(f"{server.url}/v1/score", json={"solution_str": "x"}, timeout=10)
     assert bad.status_code == 422 and bad.json()["error"]["code"] == "invalid_request"
 

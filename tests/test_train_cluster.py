@@ -170,3 +170,96 @@ def test_the_printed_config_never_shows_the_token(bank, monkeypatch):
     env_vars = run.config.ray_kwargs.ray_init.runtime_env.env_vars
     assert env_vars.CASE_ENV_TOKEN == TOKEN and env_vars.CASE_ENV_URL == "http://127.0.0.1:8000"
     assert TOKEN not in printable(run.config) and "CASE_ENV_TOKEN: '***'" in printable(run.config)
+
+
+# OPSD on the cluster: verl's agent loop manager of the legacy trainer, built by the class the launcher names
+# (`PrivilegedAgentLoops`), starts its workers as Ray actors round-robin over both nodes; they play rows
+# against the server with a scripted model and ask a scripted teacher, which records what it was sent.
+_OPSD = """
+import json, sys
+import ray
+from omegaconf import OmegaConf
+from case_env.verl import launch
+from case_env.verl.distill import HEADING, PrivilegedAgentLoops
+from case_env.verl.offline import ScriptedModel
+from tests.test_opsd import ScriptedTeacher, batch_of, response_view
+from tests.verl_rows import script_for
+
+address, url, token, bank, model = sys.argv[1:6]
+args, extra = launch.parse(["--recipe", "case", "--model", model, "--data", bank, "--gpus", "2", "--nodes", "2",
+                            "--teacher-gpus", "1", "trainer.use_v1=False", "actor_rollout_ref.rollout.agent.num_workers=2"])
+args.tool_config = launch.bank_tool_config(launch.Path(bank))
+env_vars = {"CASE_ENV_URL": url, "CASE_ENV_TOKEN": token}
+config = launch.compose(launch.Plan(args, extra, env_vars=env_vars).overrides())
+ray.init(address=address, runtime_env={"env_vars": env_vars})
+
+@ray.remote(num_cpus=0)
+class Sent:
+    def __init__(self):
+        self.seen = []
+    def add(self, node, sequence):
+        self.seen.append((node, sequence))
+    def all(self):
+        return self.seen
+
+class Teacher(ScriptedTeacher):
+    def __init__(self, sink):
+        super().__init__()
+        self.sink = sink
+    async def generate(self, request_id, *, prompt_ids, sampling_params, **kw):
+        await self.sink.add.remote(ray.get_runtime_context().get_node_id(), list(prompt_ids))
+        return await super().generate(request_id, prompt_ids=prompt_ids, sampling_params=sampling_params, **kw)
+
+from transformers import AutoTokenizer
+tokenizer = AutoTokenizer.from_pretrained(model)
+batch, items = batch_of(config, tokenizer, per_source=2)
+scripts = {item["extra_info"]["question"]: script_for(item, correct=True) for item in items}
+turns = {}
+def policy(text, _images, _turn):
+    key = next(k for k in scripts if k in text)
+    turns[key] = turns.get(key, 0) + 1
+    return scripts[key][min(turns[key] - 1, len(scripts[key]) - 1)]
+
+sink = Sent.remote()
+manager = PrivilegedAgentLoops.create(
+    config=config, llm_client=ScriptedModel(tokenizer, policy), teacher_client={"default": Teacher(sink)}
+)
+out = manager.generate_sequences(batch)
+seen = ray.get(sink.all.remote())
+ids = response_view(out, "teacher_ids")
+aligned = []
+for i in range(len(items)):
+    width = out.batch["prompts"].shape[1]
+    n = int(out.batch["attention_mask"][i, width:].sum())
+    aligned.append(bool((ids[i, :n].long() == out.batch["responses"][i, :n]).all()))
+privileged = sum(HEADING in tokenizer.decode(sequence) for _node, sequence in seen)
+insights = sum(any(item["extra_info"]["teacher_insight"] in tokenizer.decode(s) for _n, s in seen) for item in items)
+print(json.dumps({"rows": len(items), "sent": len(seen), "nodes": len({n for n, _ in seen}),
+                  "privileged": privileged, "insights": insights, "aligned": aligned,
+                  "workers": type(manager).__mro__[1].__name__}))
+ray.shutdown()
+"""
+
+
+def test_opsd_workers_on_two_nodes_send_the_teacher_each_rows_privileged_prompt(
+    cluster, bank, exposed_server, qwen3, tmp_path
+):
+    model = tmp_path / "qwen3"
+    import shutil
+
+    shutil.copytree(qwen3, model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "architectures": ["Qwen3ForCausalLM"]}))
+    done = subprocess.run(
+        [sys.executable, "-c", _OPSD, cluster.address, exposed_server, TOKEN, str(bank), str(model)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(next(line for line in reversed(done.stdout.splitlines()) if line.startswith("{")))
+    assert result["rows"] == result["sent"] == result["privileged"] == result["insights"] == 4
+    assert result["nodes"] == 2  # one worker on each node, each asked the teacher
+    assert result["aligned"] == [True] * 4 and result["workers"] == "AgentLoopManager"

@@ -73,6 +73,7 @@ CHECKS = (
     "rollout engine",
     "GPUs",
     "episode ids",
+    "distillation",
 )
 
 

@@ -346,6 +346,11 @@ class Judged:
     with a judge configured gets verl's rate-limited reward manager (concurrency, requests and tokens per
     minute), which awaits the coroutine reward."""
 
+    def asks_judge(self, settings: Mapping[str, str]) -> bool:
+        """Whether its reward asks the judge under the workers' `CASE_ENV_*` settings (a weight that turns
+        the judged part on, say)."""
+        return True
+
 
 @dataclass(frozen=True)
 class Recipe:
@@ -358,6 +363,10 @@ class Recipe:
     rollout: str
     summary: str  # one line for --help
     updates_per_step: int = 4  # PPO mini-batches per step: ppo_mini_batch_size = batch size / this
+    # on-policy self-distillation from the rows' teacher_insight (case_env/verl/distill.py); --opsd/--no-opsd
+    opsd: bool = False
+    # CASE_ENV_* settings the recipe gives every worker (its reward's, say); the launching shell's own win
+    env: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -405,3 +405,32 @@ def masked(config: Any) -> str:
     if env is not None and "CASE_ENV_TOKEN" in env:
         env.CASE_ENV_TOKEN = "***"
     return OmegaConf.to_yaml(copy)
+
+
+def distillation(config: Any, train: Any) -> Check:
+    """OPSD's teacher and the rows it reads privileged: how many training rows carry `teacher_insight`
+    (a row without one is distilled from the plain prompt, verl's own behaviour)."""
+    name = "distillation"
+    if not config.distillation.enabled:
+        return Check(name, PASS, "off")
+    from case_env.verl.distill import insight_of
+
+    rows = train.raw_rows()
+    extras = rows["extra_info"] if "extra_info" in rows.column_names else []
+    with_insight = sum(bool(insight_of({"extra_info": extra})) for extra in extras)
+    teacher = config.distillation.teacher_models.teacher_model
+    pool = f"{config.distillation.n_gpus_per_node} GPU(s) x {config.distillation.nnodes} node(s)"
+    detail = (
+        f"OPSD: {with_insight} of {len(extras)} training rows carry teacher_insight; teacher "
+        f"{teacher.model_path} on {pool}, the student on {config.trainer.n_gpus_per_node} per node"
+    )
+    if with_insight == 0:
+        return Check(
+            name,
+            FAIL,
+            detail + ": no row gives the teacher privileged context",
+            "build the bank with case-env bank build (every environment writes teacher_insight), or --no-opsd",
+        )
+    if config.trainer.n_gpus_per_node < 1:
+        return Check(name, FAIL, detail, "--teacher-gpus below --gpus")
+    return Check(name, PASS, detail)

@@ -51,11 +51,19 @@ def recipes() -> dict[str, Recipe]:
     return found
 
 
+BASE_VALUES = {"data.max_prompt_length": "6144"}  # what other settings are derived from
+MANAGER = "case_env.verl.distill.PrivilegedAgentLoops"
+# What the teacher's prompt may hold beyond the student's (tokens): an insight past it falls back to the
+# plain prompt (distill.py). Ours: the insights of our banks are tens to a few hundred tokens.
+INSIGHT_TOKENS = 1024
 TEMPLATE_CHOICES = ("auto", "model", "shipped")
 REWARD_MANAGERS = ("auto", "naive", "rate_limited")
 JUDGE_CONCURRENCY = 256  # ours: about what one vLLM judge server batches at once (its --max-num-seqs)
 REWARD_WORKERS = 8  # verl's reward.num_workers default; each is a process with its own limiter
 REWARD_TIMEOUT_MARGIN_S = 30.0
+# ours: one teacher replica per node at verl's default tensor parallelism (2), an 8B model in BF16 with room
+# for its KV cache at verl's 0.5 memory share
+TEACHER_GPUS = 2
 
 
 def parse(argv: list[str], prog: str = "scripts/train_grpo.sh") -> tuple[argparse.Namespace, list[str]]:
@@ -173,6 +181,26 @@ def parse(argv: list[str], prog: str = "scripts/train_grpo.sh") -> tuple[argpars
         help="Judge tokens per minute (rate_limited; default: no limit).",
     )
     parser.add_argument(
+        "--opsd",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="On-policy self-distillation: a teacher reading each row's prompt with its teacher_insight scores "
+        "the student's own tokens (verl's distillation loss beside GRPO); default: the recipe's ("
+        + ", ".join(f"{n} {'on' if r.opsd else 'off'}" for n, r in known.items())
+        + ").",
+    )
+    parser.add_argument(
+        "--teacher-model",
+        default=None,
+        help="The OPSD teacher (default: --model, the initial checkpoint: self-distillation).",
+    )
+    parser.add_argument(
+        "--teacher-gpus",
+        type=int,
+        default=TEACHER_GPUS,
+        help=f"GPUs per node serving the OPSD teacher, taken from --gpus (default {TEACHER_GPUS}).",
+    )
+    parser.add_argument(
         "--skip-preflight", action="store_true", help="Start the run without `case-env train preflight`."
     )
     parser.add_argument(
@@ -186,6 +214,8 @@ def parse(argv: list[str], prog: str = "scripts/train_grpo.sh") -> tuple[argpars
     args.group_size = args.group_size or group
     args.epochs = args.epochs or epochs
     args.rollout = args.rollout or engine
+    args.opsd = recipe.opsd if args.opsd is None else args.opsd
+    args.teacher_model = args.teacher_model or args.model
     args.experiment = args.experiment or f"case-env-{args.recipe}"
     args.checkpoint_dir = (
         args.checkpoint_dir or Path("checkpoints") / "case-env" / args.experiment
@@ -237,7 +267,7 @@ class Plan:
             f"data.train_files={data / 'train.parquet'}",
             f"data.val_files={data / 'val.parquet'}",
             f"data.train_batch_size={args.batch_size}",
-            "data.max_prompt_length=6144",
+            f"data.max_prompt_length={BASE_VALUES['data.max_prompt_length']}",
             "data.max_response_length=16384",
             "data.filter_overlong_prompts=True",
             f"data.custom_cls.path={Path(case_dataset.__file__).resolve()}",
@@ -263,10 +293,11 @@ class Plan:
             "actor_rollout_ref.rollout.agent.num_workers=8",
             "actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent",
             *agent_loop_overrides(data),
+            *self._distillation(),
             *self._reward_manager(),
             f"reward.custom_reward_function.path={Path(case_env.reward.__file__).resolve()}",
             "reward.custom_reward_function.name=compute_score",
-            f"trainer.n_gpus_per_node={args.gpus}",
+            f"trainer.n_gpus_per_node={args.gpus - (args.teacher_gpus if args.opsd else 0)}",
             f"trainer.nnodes={args.nodes}",
             f"trainer.total_epochs={args.epochs}",
             "trainer.project_name=case-env",
@@ -290,10 +321,38 @@ class Plan:
             items.append(f"+ray_kwargs.ray_init.runtime_env.env_vars.{key}={hydra_value(value)}")
         return items
 
+    def _distillation(self) -> list[str]:
+        """OPSD (case_env/verl/distill.py) on verl's distillation path: the teacher served on
+        `--teacher-gpus` of every node, its prompt long enough for the student's and the insight, and
+        verl's agent loop manager built with workers whose teacher reads the privileged prompt. verl's loss
+        settings are its defaults unless a recipe sets them (k3 over the student's tokens, added to GRPO's
+        loss at coefficient 1)."""
+        args = self.args
+        if not args.opsd:
+            return []
+        teacher = "distillation.teacher_models.teacher_model"
+        parallel = 2 if args.teacher_gpus % 2 == 0 else 1
+        return [
+            "distillation.enabled=True",
+            f"distillation.n_gpus_per_node={args.teacher_gpus}",
+            f"distillation.nnodes={args.nodes}",
+            f"{teacher}.model_path={args.teacher_model}",
+            f"{teacher}.inference.tensor_model_parallel_size={parallel}",
+            f"{teacher}.inference.prompt_length={int(self._value('data.max_prompt_length')) + INSIGHT_TOKENS}",
+            f"+actor_rollout_ref.rollout.agent.agent_loop_manager_class={MANAGER}",
+        ]
+
+    def _value(self, key: str) -> str:
+        """A key's value as the run will have it: the user's, else the recipe's, else the base recipe's."""
+        given = [i.split("=", 1)[1] for i in self.extra if "=" in i and _key(i) == key]
+        recipe = recipes()[self.args.recipe].overrides
+        return given[-1] if given else recipe.get(key, BASE_VALUES[key])
+
     def judged(self) -> bool:
         """The bank's rewards ask a judge and the workers are told where it is."""
         env = registry.get(bank_env(self.args.data.resolve()))
-        return isinstance(env, Judged) and bool(self.env_vars.get("CASE_ENV_JUDGE_URL"))
+        asks = isinstance(env, Judged) and env.asks_judge(self.env_vars)
+        return asks and bool(self.env_vars.get("CASE_ENV_JUDGE_URL"))
 
     def _reward_manager(self) -> list[str]:
         """verl's rate-limited manager for rewards that ask a judge: it awaits our coroutine reward (a plain
@@ -331,11 +390,12 @@ def _overridden(item: str, later: list[str]) -> bool:
 
 def forwarded_env(args: argparse.Namespace, url: str) -> dict[str, str]:
     """What rollout and reward workers read from their environment: the server's URL and token (or the token
-    file's path), and every other CASE_ENV_* setting of this shell (the judge's CASE_ENV_JUDGE_URL, say),
-    which verl would not forward (trainer/constants_ppo.py)."""
+    file's path), the recipe's settings, and every other CASE_ENV_* setting of this shell (the judge's
+    CASE_ENV_JUDGE_URL, say; a recipe's setting given in the shell too keeps the shell's value), which verl
+    would not forward (trainer/constants_ppo.py)."""
     from case_env.server.ray_serve import settings_env
 
-    env = {**settings_env(), "CASE_ENV_URL": url}
+    env = {**recipes()[args.recipe].env, **settings_env(), "CASE_ENV_URL": url}
     if args.token_file is not None:
         env.pop("CASE_ENV_TOKEN", None)
         env["CASE_ENV_TOKEN_FILE"] = str(args.token_file.resolve())
@@ -391,6 +451,11 @@ def check_inputs(args: argparse.Namespace) -> list[str]:
         problems.append(f"{args.tool_config} is missing (run `case-env verl-config`)")
     if args.token_file is not None and not args.token_file.is_file():
         problems.append(f"--token-file {args.token_file} is not a file")
+    if args.opsd and not 0 < args.teacher_gpus < args.gpus:
+        problems.append(
+            f"--teacher-gpus {args.teacher_gpus} with --gpus {args.gpus}: OPSD's teacher needs GPUs of its own "
+            "on every node and the student at least one (or --no-opsd)"
+        )
     if args.chat_template not in TEMPLATE_CHOICES and not Path(args.chat_template).is_file():
         problems.append(
             f"--chat-template {args.chat_template!r} is neither {', '.join(TEMPLATE_CHOICES)} nor a file"

@@ -143,6 +143,7 @@ class Preflight:
         results.append(checks.rollout_engine(config))
         results.append(checks.gpus(reports, args.gpus, args.nodes))
         results.append(checks.episode_ids(config))
+        results.append(checks.distillation(config, self.datasets["train"]))
         self.results = results
         return results
 

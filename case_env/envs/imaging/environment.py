@@ -7,9 +7,9 @@ import functools
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import Field
 
@@ -27,7 +27,10 @@ from case_env.core.parts import (
     DataChecks,
     Evaluation,
     Faults,
+    Judged,
     PolicyFactory,
+    Recipe,
+    Recipes,
     ReportParts,
     ServerBenchOptions,
     Synthesis,
@@ -38,6 +41,7 @@ from case_env.core.personas import Personas
 from case_env.core.tools import Tools
 from case_env.envs.imaging import evaluation
 from case_env.envs.imaging.bench.mixes import MIXES
+from case_env.envs.imaging.recipes import RECIPES
 from case_env.envs.imaging.terms import ImagingFault
 
 if TYPE_CHECKING:
@@ -79,7 +83,17 @@ class ImagingBankOptions(BankOptions):
 
 
 class ImagingEnvironment(
-    Environment, Banks, DataChecks, Synthesis, Baselines, Evaluation, Faults, Benchmarks, Commands
+    Environment,
+    Banks,
+    DataChecks,
+    Synthesis,
+    Baselines,
+    Evaluation,
+    Faults,
+    Benchmarks,
+    Judged,
+    Recipes,
+    Commands,
 ):
     name = "imaging"
     title = "imaging"
@@ -97,6 +111,13 @@ class ImagingEnvironment(
     loop_agent = "vision"
     max_turns = 32
     default = True
+    recipes: ClassVar[dict[str, Recipe]] = RECIPES  # CASE's RL stage and its ablations
+
+    def asks_judge(self, settings: Mapping[str, str]) -> bool:
+        """Only a weighted rubric asks the judge (rubric.py)."""
+        from case_env.envs.imaging.rubric import WEIGHT
+
+        return float(settings.get(WEIGHT, "0")) > 0
 
     def bench_server(self, options: ServerBenchOptions, echo: Callable[[str], object]) -> dict:
         from case_env.envs.imaging.bench.server import bench_server
@@ -160,9 +181,9 @@ class ImagingEnvironment(
         return BankBuild(result, meta, table, problems)
 
     def score(self, solution_str: str, ground_truth: str, extra_info: dict | None) -> Score:
-        from case_env.envs.imaging.reward import letter_score
+        from case_env.envs.imaging.reward import rubric_score
 
-        return letter_score(solution_str, ground_truth)
+        return rubric_score(solution_str, ground_truth, extra_info or {})
 
     def check_row(self, row: dict, extra: dict) -> list[str]:
         options = extra.get("options")

@@ -1,16 +1,21 @@
-"""How an imaging evaluation is summarised: accuracy (the mean reward) per data source against chance, tool
-calls and format errors; in report.html accuracy by persona, scenario and template and two tool-usage
-plots."""
+"""How an imaging evaluation is summarised: accuracy (the letter's reward, without a weighted rubric) per data
+source against chance, tool calls and format errors, and CASE's rubric; in report.html accuracy by persona,
+scenario and template and two tool-usage plots."""
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
 
 from case_env.core.parts import ReportParts
+from case_env.envs.imaging import rubric
+
+
+def _correct(record: dict) -> float:
+    return record.get("score", {}).get("acc", record["reward"])
 
 
 def _accuracy(rows: list[dict]) -> float:
-    return round(sum(r["reward"] for r in rows) / len(rows), 4) if rows else 0.0
+    return round(sum(_correct(r) for r in rows) / len(rows), 4) if rows else 0.0
 
 
 def summarise(records: list[dict]) -> dict:
@@ -24,6 +29,7 @@ def summarise(records: list[dict]) -> dict:
             "n": len(records),
             "questions": len(questions),
             "repeats": max((r.get("repeat", 0) for r in records), default=0) + 1,
+            **_rubric(records),
         },
         "by_data_source": {
             source: {
@@ -51,7 +57,19 @@ def summary_lines(results: dict) -> list[str]:
     repeats = overall["repeats"]
     more = f"   ({overall['questions']} questions x {repeats} rollouts)" if repeats > 1 else ""
     lines.append(f"{'overall':18s} {overall['n']:4d} {overall['accuracy']:9.3f}{more}")
+    if "rubric" in overall:
+        items = "  ".join(f"{k} {v:.3f}" for k, v in overall["rubric_items"].items())
+        lines.append(f"rubric {overall['rubric']:.3f}  ({items}; rubric.py)")
     return lines
+
+
+def _rubric(records: list[dict]) -> dict:
+    """The rubric's mean and each item's (rows written before it had one left out)."""
+    scored = [r["score"] for r in records if "rubric" in r.get("score", {})]
+    if not scored:
+        return {}
+    items = {k: round(sum(s[f"rubric_{k}"] for s in scored) / len(scored), 4) for k in rubric.ITEMS}
+    return {"rubric": round(sum(s["rubric"] for s in scored) / len(scored), 4), "rubric_items": items}
 
 
 def _group_rows(groups: dict[str, list[dict]]) -> list[list[str]]:
@@ -62,7 +80,7 @@ def _group_rows(groups: dict[str, list[dict]]) -> list[list[str]]:
             [
                 name or "(none)",
                 str(n),
-                f"{sum(r['reward'] for r in records) / n:.3f}",
+                f"{sum(_correct(r) for r in records) / n:.3f}",
                 f"{sum(r['tool_calls'] for r in records) / n:.1f}",
                 f"{sum(not r['format_ok'] for r in records) / n:.3f}",
             ]

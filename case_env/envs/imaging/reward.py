@@ -1,4 +1,6 @@
-"""The imaging reward: does the final answer's letter match `reward_model.ground_truth`?
+"""The imaging reward: does the final answer's letter match `reward_model.ground_truth`? Plus CASE's rubric
+(`rubric.py`), weighted by `CASE_ENV_IMAGING_RUBRIC_WEIGHT` (0 unless a `case` recipe sets it); its keys are
+in every row's reward either way.
 
 Read from the final segment only (`case_env.core.answers`). Accepted forms: `<answer>X</answer>`,
 `\\boxed{X}` and a final `Answer: X`. An answer naming two different letters ("A or B"), a missing answer,
@@ -9,8 +11,10 @@ from __future__ import annotations
 
 import re
 
+from case_env.core import llm
 from case_env.core.answers import final_segment, last_answer
 from case_env.core.environment import Score
+from case_env.envs.imaging import rubric
 
 _LEADING_LETTER = re.compile(r"^[\s*_(\[]*([A-E])(?![A-Za-z0-9])")
 _STANDALONE_LETTER = re.compile(r"(?<![A-Za-z0-9])([A-E])(?![A-Za-z0-9])")
@@ -35,3 +39,12 @@ def letter_score(solution_str: str, ground_truth: str) -> Score:
     truth = str(ground_truth).strip().strip("()").upper()
     correct = 1.0 if pred is not None and pred == truth else 0.0
     return Score(correct, correct, pred or "", well_formed)
+
+
+def rubric_score(solution_str: str, ground_truth: str, extra: dict) -> Score:
+    """The letter's reward plus the weighted rubric; the judge is asked only when the rubric counts."""
+    base = letter_score(solution_str, ground_truth)
+    weight = rubric.RubricSettings().weight
+    client = llm.asked_judge() if weight > 0 else None
+    graded = rubric.grade(solution_str, extra, base.acc == 1.0, client)
+    return Score(base.score + weight * graded["rubric"], base.acc, base.pred, base.format_ok, graded)

@@ -69,7 +69,9 @@ class TextAgent(Agent):
             return None
         top = max(changes, key=changes.get)
         letter = self.option_where(lambda t: _simplify(t) == top)
-        return letter and Decision(letter, f"The {top} changed most ({changes[top]:.1f} %).")
+        return letter and Decision(
+            letter, f"Between baseline and follow-up, the {top} changed most ({changes[top]:.1f} %)."
+        )
 
     def _kidney_sides(self, outputs):
         volumes = {}
@@ -96,13 +98,21 @@ class TextAgent(Agent):
             (o.text for o in outputs if o.tool == "read_report" and o.arguments.get("visit") == visit), ""
         )
 
-    def _pick_code(self, code: str | None, none_option: str, none_why: str, why: str):
-        """The option of a diagnosis code, or the "none" option when the reports support no code."""
+    def _pick_code(self, code: str | None, none_option: str, none_why: str, why: str, quoted: str):
+        """The option of a diagnosis code, or the "none" option when the reports support no code; the reason
+        quotes the impressions it read."""
         if code is None:
             letter = self.option_where(lambda t: t.startswith(none_option))
-            return letter and Decision(letter, none_why)
+            return letter and Decision(letter, f"{none_why} {quoted}")
         letter = self.option_where(lambda t: t.startswith(code))
-        return letter and Decision(letter, why.format(code=code))
+        return letter and Decision(letter, f"{why.format(code=code)} {quoted}")
+
+    def _quoted(self, outputs, *visits: str) -> str:
+        """Each visit's report impression as the report words it."""
+        return " ".join(
+            f'The {visit.replace("_", "-")} impression reads: "{_impression(self._report(outputs, visit))}".'
+            for visit in visits
+        )
 
     def _diagnosis(self, outputs):
         code = _impression_code(self._report(outputs, "follow_up"), at_baseline=False)
@@ -111,6 +121,7 @@ class TextAgent(Agent):
             "No new diagnosis",
             "The follow-up report shows no significant interval change.",
             "The follow-up impression supports {code}.",
+            self._quoted(outputs, "follow_up"),
         )
 
     def _interval_diagnosis(self, outputs):
@@ -121,6 +132,7 @@ class TextAgent(Agent):
             "None of these",
             "The follow-up report shows no finding the baseline lacked.",
             "The follow-up impression adds {code}.",
+            self._quoted(outputs, "baseline", "follow_up"),
         )
 
     def _prior_diagnosis(self, outputs):
@@ -130,6 +142,7 @@ class TextAgent(Agent):
             "None of these",
             "The baseline report shows no such finding.",
             "The baseline impression already shows {code}.",
+            self._quoted(outputs, "baseline"),
         )
 
     def _claim(self, outputs):
@@ -147,15 +160,13 @@ class TextAgent(Agent):
         report_holds = _report_claim_holds(match.group("report").lower(), report)
         if report_holds is None:
             return None
+        measured = f"The follow-up measurement is {volume:,.1f} mL."
         if report_holds and measurement_holds:
-            verdict, why = "Supported", "Both the report and the measurement agree."
+            verdict, why = "Supported", f"Both the report and the measurement agree. {measured}"
         elif not report_holds:
-            verdict, why = "Refuted: the report", "The report contradicts the first part."
+            verdict, why = "Refuted: the report", f"The report contradicts the first part. {measured}"
         else:
-            verdict, why = (
-                "Refuted: the measurement",
-                f"The measurement ({volume:,.1f} mL) contradicts the claim.",
-            )
+            verdict, why = "Refuted: the measurement", f"{measured} It contradicts the claim."
         letter = self.option_where(lambda t: t.startswith(verdict))
         return letter and Decision(letter, why)
 
@@ -167,6 +178,12 @@ _IMPRESSION_RULES = (
     ("pancreatic fatty atrophy", "K86.8"),
     ("loss of skeletal muscle", "M62.5"),
 )
+
+
+def _impression(report: str) -> str:
+    """A report's impression, its numbered points joined."""
+    lines = report.split("## Impression", 1)[-1].strip().splitlines()
+    return " ".join(line.split(". ", 1)[-1] for line in lines if line.strip())
 
 
 def _impression_code(report: str, at_baseline: bool) -> str | None:

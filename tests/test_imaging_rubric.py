@@ -1,0 +1,155 @@
+"""CASE's rubric (case_env/envs/imaging/rubric.py) on recorded trajectories: the scripted agent, which gathers
+the evidence and cites it, against the no-tool agent, which answers from the question alone, both played by
+the eval runner against a live server; answers that cite values no tool returned; the judge's grades and
+the rules that bound them; the weight in the reward."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from case_env.core.llm import Reply
+from case_env.envs.imaging import rubric
+from case_env.eval.runner import run_eval
+from case_env.reward import score_row
+from tests.reliability.test_reward_hacking import EXTRA, HONEST, ONE_CALL, RUBRIC_HACKS
+from tests.server_harness import live_server
+from tests.verl_rows import build_bank
+
+EVIDENCE_ITEMS = ("values", "visits", "grounded", "follows")
+
+
+@pytest.fixture(scope="module")
+def recorded(dataset, tmp_path_factory):
+    """Both agents' trajectories over the whole bank, as `case-env eval` records them."""
+    tmp = tmp_path_factory.mktemp("rubric")
+    bank = build_bank(dataset, tmp / "bank")
+    runs = {}
+    with live_server(dataset, tmp / "server") as live:
+        for agent in ("scripted", "no-tool"):
+            run_eval(bank, live.url, agent, tmp / agent, progress=False)
+            lines = (tmp / agent / "trajectories.jsonl").read_text().splitlines()
+            runs[agent] = [json.loads(line) for line in lines]
+    extras = {}
+    from case_env.core.bank import load_items
+
+    for item in load_items(bank):
+        extras[item.key] = item.extra
+    return runs, extras
+
+
+def item_means(records: list[dict], extras: dict) -> dict[str, tuple[float, int]]:
+    """Each item's mean over the rows it applies to, and how many those are."""
+    out = {}
+    for item in EVIDENCE_ITEMS:
+        rows = [r for r in records if rubric.Rubric.of(extras[r["question_id"]]).applicable()[item]]
+        out[item] = (sum(r["score"][f"rubric_{item}"] for r in rows) / len(rows), len(rows))
+    return out
+
+
+def test_the_scripted_agent_scores_higher_than_the_no_tool_agent_on_every_evidence_item(recorded):
+    runs, extras = recorded
+    scripted, no_tool = item_means(runs["scripted"], extras), item_means(runs["no-tool"], extras)
+    print({"scripted": scripted, "no-tool": no_tool})  # the figures of the closing note (pytest -s)
+    for item in EVIDENCE_ITEMS:
+        assert scripted[item][1] == no_tool[item][1] > 0
+        assert scripted[item][0] > no_tool[item][0], item
+    assert all(r["score"]["rubric"] == 0.0 for r in runs["no-tool"])  # it cites nothing a tool returned
+    assert all(r["score"]["rubric_by"] == "rules" for r in runs["scripted"] + runs["no-tool"])
+
+
+def test_every_row_has_the_same_keys(recorded):
+    runs, _extras = recorded
+    keys = {tuple(r["score"]) for run in runs.values() for r in run}
+    assert len(keys) == 1
+    assert set(rubric.KEYS) <= set(next(iter(keys)))
+
+
+class Judge:
+    """Stands in for the judge endpoint: replies with `text` (None: the endpoint failed), counting asks."""
+
+    def __init__(self, text: str | None):
+        self.text, self.asked = text, []
+
+    def complete(self, messages, temperature=None, fresh=False):
+        self.asked.append(messages)
+        return None if self.text is None else Reply(self.text, False)
+
+
+ALL_MET = json.dumps({"values": 1, "grounded": 1, "follows": 1})
+
+
+def test_an_honest_answer_meets_the_rubric_by_the_rules_and_the_judge():
+    by_rules = rubric.grade(HONEST, {**EXTRA, **ONE_CALL}, True, None)
+    assert by_rules["rubric_values"] == by_rules["rubric_grounded"] == by_rules["rubric_follows"] == 1.0
+    assert by_rules["rubric_visits"] == 0.0 and by_rules["rubric_applicable"] == 3  # a one-visit question
+    assert by_rules["rubric"] == 1.0 and by_rules["rubric_by"] == "rules"
+    judge = Judge(ALL_MET)
+    by_judge = rubric.grade(HONEST, {**EXTRA, **ONE_CALL}, True, judge)
+    assert by_judge["rubric"] == 1.0 and by_judge["rubric_by"] == "judge"
+    prompt = judge.asked[0][1]["content"]
+    assert "1,634.8 mL" in prompt and '"visits"' not in prompt and "1634.8 mL" in prompt
+
+
+@pytest.mark.parametrize("name", sorted(RUBRIC_HACKS))
+def test_answers_citing_values_no_tool_returned_score_0_on_those_items(name):
+    text, recorded = RUBRIC_HACKS[name]
+    for client in (None, Judge(ALL_MET)):  # a judge that credits everything is bounded by the rules
+        grades = rubric.grade(text, {**EXTRA, **recorded}, True, client)
+        assert grades["rubric_values"] == 0.0 or name == "the real value beside a made-up one", name
+        assert grades["rubric_grounded"] == 0.0, name
+    # a conclusion resting on a value no tool returned does not follow from the evidence
+    assert rubric.grade(text, {**EXTRA, **recorded}, True, None)["rubric_follows"] == 0.0
+
+
+@pytest.mark.parametrize(
+    ("reply", "by"),
+    [
+        ("no grades here", "rejected"),
+        ('{"values": 1, "grounded": 1}', "rejected"),  # an item missing
+        ('{"values": 1, "grounded": 2, "follows": 1}', "rejected"),  # out of range
+        ('{"values": true, "grounded": 1, "follows": 1}', "rejected"),
+        (None, "unavailable"),
+    ],
+)
+def test_a_judge_out_of_form_leaves_the_grades_to_the_rules(reply, by):
+    grades = rubric.grade(HONEST, {**EXTRA, **ONE_CALL}, True, Judge(reply))
+    assert grades["rubric_by"] == by and grades["rubric"] == 1.0
+
+
+def test_the_weight_adds_the_rubric_to_the_answer_and_only_then_asks_the_judge(monkeypatch):
+    from case_env.core import llm
+
+    judge = Judge(json.dumps({"values": 1, "grounded": 1, "follows": 0}))
+    monkeypatch.setattr(llm, "asked_judge", lambda: judge)
+    extra = {**EXTRA, **ONE_CALL, "env": "imaging"}
+    plain = score_row("vista3d_opsd", HONEST, "A", extra)
+    assert plain["score"] == 1.0 and plain["rubric"] == 1.0 and judge.asked == []
+    monkeypatch.setenv("CASE_ENV_IMAGING_RUBRIC_WEIGHT", "0.5")
+    weighted = score_row("vista3d_opsd", HONEST, "A", extra)
+    assert len(judge.asked) == 1 and weighted["rubric_by"] == "judge"
+    assert weighted["rubric"] == pytest.approx(2 / 3) and weighted["score"] == pytest.approx(1 + 0.5 * 2 / 3)
+    wrong = score_row("vista3d_opsd", HONEST.replace("<answer>A", "<answer>B"), "A", extra)
+    assert wrong["acc"] == 0.0 and wrong["score"] == pytest.approx(0.5 * wrong["rubric"])
+    assert set(plain) == set(weighted) == set(wrong)
+
+
+def test_values_match_at_the_precision_they_were_written():
+    (tool,) = rubric.values_in("volume 1,634.8 mL")
+    assert tool.matches(rubric.values_in("1635 mL")[0]) and tool.matches(rubric.values_in("1634.8 ml")[0])
+    assert not tool.matches(rubric.values_in("1,634.9 mL")[0]) and not tool.matches(
+        rubric.values_in("1634.8 %")[0]
+    )
+    assert rubric.values_in("+5.6 %")[0].matches(rubric.values_in("5.6 %")[0])
+    assert rubric.values_in("K76.0 Fatty liver; station 3, segment VIII") == []  # no unit, no value
+    left, right = rubric.values_in("left 155.2 mL, right 176.8 mL")
+    assert any(rubric.values_in("larger by 13.9 %")[0].matches(v) for v in rubric.derived([left, right]))
+    assert rubric.quotes(
+        'It reads: "no significant abnormality of the solid organs"', "1. No significant abnormality of"
+    )
+    assert not rubric.quotes("no significant change", "1. No significant abnormality of")
+    assert rubric.question_visits([{"tool": "compare_organ_volume", "arguments": {}}]) == {
+        "baseline",
+        "follow_up",
+    }
