@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import nibabel as nib
@@ -46,6 +47,16 @@ def qwen3(tmp_path_factory) -> Path:
     return qwen_models.model_dir(
         tmp_path_factory.mktemp("models") / "qwen3", "qwen3", template=template(FAMILIES["qwen3"])
     )
+
+
+@pytest.fixture(scope="session")
+def checkpoint(qwen3, tmp_path_factory) -> Path:
+    """The Qwen3 tokenizer directory as verl's model config reads a checkpoint: with its architecture."""
+    out = tmp_path_factory.mktemp("checkpoint") / "qwen3"
+    shutil.copytree(qwen3, out)
+    config = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**config, "architectures": ["Qwen3ForCausalLM"]}))
+    return out
 
 
 @pytest.fixture(autouse=True)

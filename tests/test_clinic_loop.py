@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import functools
 import io
-import json
 import types
 
 import pytest
@@ -52,18 +51,6 @@ def pneumonia(tmp_path_factory, dataset):
     write(build(cases, 0, (1.0, 0.0, 0.0), NoiseConfig()), tmp / "bank", {"env": "clinic"})
     with env(CASE_ENV_CLINIC_CASES=tmp / "cases"), live_server(dataset, tmp) as live:
         yield tmp / "bank", live
-
-
-@pytest.fixture(scope="module")
-def checkpoint(qwen3, tmp_path_factory):
-    """The Qwen3 tokenizer directory as verl's model config reads a checkpoint: with its architecture."""
-    import shutil
-
-    out = tmp_path_factory.mktemp("checkpoint") / "qwen3"
-    shutil.copytree(qwen3, out)
-    config = json.loads((out / "config.json").read_text())
-    (out / "config.json").write_text(json.dumps({**config, "architectures": ["Qwen3ForCausalLM"]}))
-    return out
 
 
 def composed(bank, model_dir):

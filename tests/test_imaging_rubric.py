@@ -15,6 +15,7 @@ from case_env.eval.runner import run_eval
 from case_env.reward import score_row
 from tests.reliability.test_reward_hacking import EXTRA, HONEST, ONE_CALL, RUBRIC_HACKS
 from tests.server_harness import live_server
+from tests.test_judge_scale import judge_at  # noqa: F401 (a fixture)
 from tests.verl_rows import build_bank
 
 EVIDENCE_ITEMS = ("values", "visits", "grounded", "follows")
@@ -153,3 +154,28 @@ def test_values_match_at_the_precision_they_were_written():
         "baseline",
         "follow_up",
     }
+
+
+def test_the_judge_at_an_endpoint_grades_through_the_coroutine_reward(judge_at, monkeypatch):  # noqa: F811
+    """verl's entry point with the judge at a loopback stand-in: one request per row, its grades in the
+    reward, the rules' bound on a hack, and the same keys when the judge fails."""
+    import asyncio
+
+    import case_env.reward
+    from case_env.bench.standin import StandInProcess
+
+    monkeypatch.setenv("CASE_ENV_IMAGING_RUBRIC_WEIGHT", "0.5")
+    reply = json.dumps({"values": 1, "grounded": 1, "follows": 0})
+    extra = {**EXTRA, **ONE_CALL, "env": "imaging"}
+    hack, recorded = RUBRIC_HACKS["a value no tool returned"]
+    with StandInProcess(reply=reply) as judge, judge_at(judge):
+        honest = asyncio.run(case_env.reward.compute_score("vista3d_opsd", HONEST, "A", extra))
+        hacked = asyncio.run(case_env.reward.compute_score("vista3d_opsd", hack, "A", {**extra, **recorded}))
+        assert judge.stats()["requests"] == 2
+    assert honest["rubric_by"] == hacked["rubric_by"] == "judge"
+    assert honest["rubric"] == pytest.approx(2 / 3) and honest["score"] == pytest.approx(1 + 1 / 3)
+    assert hacked["rubric_values"] == hacked["rubric_grounded"] == 0.0  # the judge's 1s, bounded by the rules
+    unasked = HONEST.replace("option A", "so A")  # a text the judge's cache has not seen
+    with StandInProcess(failure_rate=1.0) as judge, judge_at(judge, RETRIES=0):
+        failed = asyncio.run(case_env.reward.compute_score("vista3d_opsd", unasked, "A", extra))
+    assert failed["rubric_by"] == "unavailable" and failed["rubric"] == 1.0 and set(failed) == set(honest)

@@ -9,8 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
-import json
-import shutil
 
 import pytest
 import torch
@@ -61,15 +59,6 @@ def bank(dataset, tmp_path_factory):
 def server(dataset, tmp_path_factory):
     with live_server(dataset, tmp_path_factory.mktemp("opsd-server")) as live:
         yield live
-
-
-@pytest.fixture(scope="module")
-def checkpoint(qwen3, tmp_path_factory):
-    out = tmp_path_factory.mktemp("checkpoint") / "qwen3"
-    shutil.copytree(qwen3, out)
-    config = json.loads((out / "config.json").read_text())
-    (out / "config.json").write_text(json.dumps({**config, "architectures": ["Qwen3ForCausalLM"]}))
-    return out
 
 
 def composed(bank, model_dir, *argv: str):

@@ -242,16 +242,10 @@ ray.shutdown()
 
 
 def test_opsd_workers_on_two_nodes_send_the_teacher_each_rows_privileged_prompt(
-    cluster, bank, exposed_server, qwen3, tmp_path
+    cluster, bank, exposed_server, checkpoint
 ):
-    model = tmp_path / "qwen3"
-    import shutil
-
-    shutil.copytree(qwen3, model)
-    config = json.loads((model / "config.json").read_text())
-    (model / "config.json").write_text(json.dumps({**config, "architectures": ["Qwen3ForCausalLM"]}))
     done = subprocess.run(
-        [sys.executable, "-c", _OPSD, cluster.address, exposed_server, TOKEN, str(bank), str(model)],
+        [sys.executable, "-c", _OPSD, cluster.address, exposed_server, TOKEN, str(bank), str(checkpoint)],
         capture_output=True,
         text=True,
         timeout=900,
