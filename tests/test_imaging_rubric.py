@@ -8,12 +8,14 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from case_env.core.llm import Reply
 from case_env.envs.imaging import rubric
 from case_env.eval.runner import run_eval
 from case_env.reward import score_row
-from tests.reliability.test_reward_hacking import EXTRA, HONEST, ONE_CALL, RUBRIC_HACKS
+from tests.reliability.test_reward_hacking import EXTRA, HONEST, ONE_CALL, RUBRIC_HACKS, RUBRIC_TURN
 from tests.server_harness import live_server
 from tests.test_judge_scale import judge_at  # noqa: F401 (a fixture)
 from tests.verl_rows import build_bank
@@ -179,3 +181,23 @@ def test_the_judge_at_an_endpoint_grades_through_the_coroutine_reward(judge_at, 
     with StandInProcess(failure_rate=1.0) as judge, judge_at(judge, RETRIES=0):
         failed = asyncio.run(case_env.reward.compute_score("vista3d_opsd", unasked, "A", extra))
     assert failed["rubric_by"] == "unavailable" and failed["rubric"] == 1.0 and set(failed) == set(honest)
+
+
+value = st.builds(
+    rubric.Value,
+    st.floats(-5000, 5000, allow_nan=False).map(lambda x: round(x, 4)),
+    st.sampled_from(["mL", "%", "mm"]),
+    st.integers(0, 4),
+)
+
+
+@given(cited=value, pool=st.lists(value, max_size=12))
+def test_the_pool_finds_exactly_the_values_that_match(cited, pool):
+    assert (cited in rubric.Pool(pool)) == any(cited.matches(v) for v in pool)
+
+
+@given(text=st.text(max_size=400) | st.sampled_from(["1,634.8 mL " * 300, "+5.6 %" * 500, "1.0.0 mL,,5 %"]))
+def test_any_model_text_grades_with_the_same_keys(text):
+    for solution in (text, RUBRIC_TURN + text):
+        grades = rubric.grade(solution, {**EXTRA, **ONE_CALL}, True, None)
+        assert set(grades) == set(rubric.KEYS) and 0.0 <= grades["rubric"] <= 1.0

@@ -20,9 +20,10 @@ asks for a tool or an order of calls: a value counts wherever in the episode a t
 The judge (the shared OpenAI-compatible client, `CASE_ENV_JUDGE_URL`) grades the applicable items when the
 rubric is weighted (`CASE_ENV_IMAGING_RUBRIC_WEIGHT` > 0); otherwise, and whenever it fails or answers out
 of form, the rules below grade them (`rubric_by` says which). What the rules can verify bounds the judge:
-`values` and `grounded` are 1 only when the rules also find the values in a tool's output, so no judge can
-be talked into crediting a number no tool returned. A trajectory holding more tool responses than the episode
-ran calls (the model wrote one itself) gets 0 on both.
+`values`, `grounded` and `follows` are 1 only when the rules also find the values in a tool's output (and the
+answer right), so no judge can be talked into crediting a number no tool returned; the judge may still
+refuse them (a value cited for the wrong organ, say), and grades `visits` alone. A trajectory holding more
+tool responses than the episode ran calls (the model wrote one itself) gets 0 on all three.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ if TYPE_CHECKING:
     from case_env.core.llm import Asker
 
 ITEMS = ("values", "visits", "grounded", "follows")
-VERIFIED = ("values", "grounded")  # items the rules can check against the tools' text
+VERIFIED = ("values", "grounded", "follows")  # what the rules check against the tools' text bounds the judge
 KEYS = (*(f"rubric_{item}" for item in ITEMS), "rubric", "rubric_applicable", "rubric_by")
 BOTH_VISITS = ("compare_organ_volume", "render_comparison")  # one call shows both visits
 _NUMBER = r"[+-]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?"
@@ -50,6 +51,7 @@ _VALUE = re.compile(rf"(?<![\w.,])({_NUMBER})\s?(mL|ml|L|%|mm|cm)(?![A-Za-z])")
 _WORD = re.compile(r"[a-z0-9]+(?:[.,][0-9]+)*")
 _QUOTE_WORDS = 4
 _DERIVED_FROM = 64  # returned values a derived one may come from (pairs: at most 2,016)
+_PLACES = 3  # a value written finer is compared at this precision
 _VISIT_WORDS = {
     "baseline": re.compile(r"(?i)\b(baseline|first visit|initial visit|first scan)\b"),
     "follow_up": re.compile(r"(?i)\b(follow[-_ ]?up|second visit|later visit|second scan)\b"),
@@ -86,7 +88,7 @@ class Value:
     def matches(self, other: Value) -> bool:
         """The same magnitude in the same unit at the coarser of the two precisions (a change written
         "+5.6 %" and "5.6 %", a volume "1,634.8 mL" and "1635 mL")."""
-        places = min(self.places, other.places)
+        places = min(self.places, other.places, _PLACES)
         return self.unit == other.unit and round(abs(self.number), places) == round(abs(other.number), places)
 
 
@@ -108,17 +110,36 @@ def derived(values: list[Value]) -> list[Value]:
         for b in distinct[i + 1 :]:
             if a.unit != b.unit:
                 continue
-            out.append(Value(abs(a.number - b.number), a.unit, 9))
+            out.append(Value(abs(a.number - b.number), a.unit, _PLACES))
             out += [
-                Value(100 * abs(a.number - b.number) / abs(base), "%", 9)
+                Value(100 * abs(a.number - b.number) / abs(base), "%", _PLACES)
                 for base in (a.number, b.number)
                 if base
             ]
     return out
 
 
-def _within(value: Value, pool: list[Value]) -> bool:
-    return any(value.matches(other) for other in pool)
+class Pool:
+    """Values to look cited ones up in, as `Value.matches` compares them, in constant time per value (a
+    looping model may cite thousands against thousands derived)."""
+
+    def __init__(self, values: list[Value]):
+        self.at_least: set[tuple] = set()  # (unit, p, magnitude at p) of values written to p places or more
+        self.exactly: set[tuple] = set()  # the same, for values written to exactly p places
+        for v in values:
+            places = min(v.places, _PLACES)
+            for p in range(places + 1):
+                self.at_least.add((v.unit, p, round(abs(v.number), p)))
+            self.exactly.add((v.unit, places, round(abs(v.number), places)))
+
+    def __contains__(self, value: Value) -> bool:
+        places = min(value.places, _PLACES)
+        if (value.unit, places, round(abs(value.number), places)) in self.at_least:
+            return True
+        return any((value.unit, p, round(abs(value.number), p)) in self.exactly for p in range(places))
+
+    def __bool__(self) -> bool:
+        return bool(self.exactly)
 
 
 def quotes(reasoning: str, tool_text: str) -> bool:
@@ -188,22 +209,20 @@ class Rubric:
 
     def rules(self, episode: Episode, correct: bool) -> dict[str, float]:
         """The items as the deterministic rules grade them."""
-        returned = values_in(episode.tool_text)
-        cited = values_in(episode.reasoning)
-        allowed = returned + derived(returned) + values_in(self.question)
-        seen = [v for v in self.behind if _within(v, returned)]
-        cites_returned = any(_within(v, returned) for v in cited) or quotes(
-            episode.reasoning, episode.tool_text
-        )
+        found = values_in(episode.tool_text)
+        returned, cited = Pool(found), set(values_in(episode.reasoning))
+        allowed = Pool(found + derived(found) + values_in(self.question))
+        seen = Pool([v for v in self.behind if v in returned])
+        cites_returned = any(v in returned for v in cited) or quotes(episode.reasoning, episode.tool_text)
         named = {v for v, words in _VISIT_WORDS.items() if words.search(episode.reasoning)}
         shown = {v for v, words in _VISIT_WORDS.items() if words.search(episode.tool_text)}
         honest = not episode.forged
         # the evidence behind the answer came back: its values when it has them, else something the
         # reasoning cites from the tools
         evidence = bool(seen) if self.behind else cites_returned
-        made_up = not all(_within(v, allowed) for v in cited)
+        made_up = not all(v in allowed for v in cited)
         items = {
-            "values": honest and any(_within(v, cited) for v in seen),
+            "values": honest and any(v in seen for v in cited),
             "visits": self.visits <= named and self.visits <= shown,
             "grounded": honest and cites_returned and not made_up,
             "follows": honest and correct and evidence and not made_up,
