@@ -28,7 +28,9 @@ tool responses than the episode ran calls (the model wrote one itself) gets 0 on
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -75,6 +77,17 @@ class RubricSettings(BaseSettings):
         description="Weight of the rubric in the reward (score = answer + weight x rubric); 0 keeps the "
         "answer reward alone and never asks the judge. The `case` recipes set 0.5.",
     )
+
+
+def weight() -> float:
+    """The rubric's weight in the reward, read from the environment as `RubricSettings` validates it, once per
+    value of the variable (building the settings costs more than grading a row)."""
+    return _weight(os.environ.get(WEIGHT))
+
+
+@functools.cache
+def _weight(_raw: str | None) -> float:
+    return RubricSettings().weight
 
 
 @dataclass(frozen=True)
@@ -211,7 +224,11 @@ class Rubric:
         """The items as the deterministic rules grade them."""
         found = values_in(episode.tool_text)
         returned, cited = Pool(found), set(values_in(episode.reasoning))
-        allowed = Pool(found + derived(found) + values_in(self.question))
+        stated = Pool(found + values_in(self.question))
+        unexplained = [v for v in cited if v not in stated]
+        if unexplained:  # computed from two returned values? (built only when needed: up to 6,048 values)
+            computed = Pool(derived(found))
+            unexplained = [v for v in unexplained if v not in computed]
         seen = Pool([v for v in self.behind if v in returned])
         cites_returned = any(v in returned for v in cited) or quotes(episode.reasoning, episode.tool_text)
         named = {v for v, words in _VISIT_WORDS.items() if words.search(episode.reasoning)}
@@ -220,7 +237,7 @@ class Rubric:
         # the evidence behind the answer came back: its values when it has them, else something the
         # reasoning cites from the tools
         evidence = bool(seen) if self.behind else cites_returned
-        made_up = not all(v in allowed for v in cited)
+        made_up = bool(unexplained)
         items = {
             "values": honest and any(v in seen for v in cited),
             "visits": self.visits <= named and self.visits <= shown,

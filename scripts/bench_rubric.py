@@ -1,0 +1,71 @@
+"""What CASE's rubric adds to the imaging reward: seconds per row of the letter's reward alone and with the
+rubric's rules (weight 0: the judge is not asked), over trajectories `case-env eval` recorded, both timed in
+this run; and one degenerate final turn citing 5,000 distinct values.
+
+    case-env eval --bank BANK --agent scripted --out OUT && python scripts/bench_rubric.py OUT BANK
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from case_env.core.bank import load_items
+from case_env.envs.imaging.reward import letter_score, rubric_score
+
+
+def transcript(messages: list[dict]) -> str:
+    """A recorded conversation as verl decodes it for the reward: turns, calls, tool responses."""
+    parts = []
+    for m in messages:
+        content = m["content"]
+        if not isinstance(content, str):
+            content = " ".join(p.get("text", "") for p in content if isinstance(p, dict))
+        if m["role"] == "assistant":
+            calls = "".join(f"<tool_call>{json.dumps(c)}</tool_call>" for c in m.get("tool_calls") or [])
+            parts.append(content + calls)
+        elif m["role"] == "tool":
+            parts.append(f"user\n<tool_response>\n{content}\n</tool_response>")
+    return "\n".join(parts)
+
+
+def per_row(score, rows: list[tuple], repeats: int) -> float:
+    began = time.perf_counter()
+    for _ in range(repeats):
+        for text, truth, extra in rows:
+            score(text, truth, extra)
+    return (time.perf_counter() - began) / (repeats * len(rows))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("trajectories", type=Path, help="An eval output directory (trajectories.jsonl).")
+    parser.add_argument("bank", type=Path, help="The bank it was run on.")
+    parser.add_argument("--repeats", type=int, default=20)
+    args = parser.parse_args()
+    extras = {item.key: item.extra for item in load_items(args.bank)}
+    records = [json.loads(line) for line in (args.trajectories / "trajectories.jsonl").open()]
+    rows = [(transcript(r["messages"]), r["ground_truth"], extras[r["question_id"]]) for r in records]
+    letter = min(per_row(lambda t, g, _e: letter_score(t, g), rows, args.repeats) for _ in range(2))
+    rubric = per_row(rubric_score, rows, args.repeats)
+    looping = rows[0][0] + "\n" + " ".join(f"{i}.{i % 10} mL" for i in range(5000))
+    began = time.perf_counter()
+    rubric_score(looping, rows[0][1], rows[0][2])
+    print(
+        json.dumps(
+            {
+                "rows": len(rows),
+                "mean_chars": round(sum(len(r[0]) for r in rows) / len(rows)),
+                "letter_us": round(letter * 1e6, 1),
+                "letter_and_rubric_us": round(rubric * 1e6, 1),
+                "ratio": round(rubric / letter, 1),
+                "looping_5000_values_ms": round((time.perf_counter() - began) * 1e3, 1),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
