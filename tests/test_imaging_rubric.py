@@ -100,10 +100,8 @@ def test_answers_citing_values_no_tool_returned_score_0_on_those_items(name):
     text, recorded = RUBRIC_HACKS[name]
     for client in (None, Judge(ALL_MET)):  # a judge that credits everything is bounded by the rules
         grades = rubric.grade(text, {**EXTRA, **recorded}, True, client)
-        assert grades["rubric_values"] == 0.0 or name == "the real value beside a made-up one", name
-        assert grades["rubric_grounded"] == 0.0, name
-    # a conclusion resting on a value no tool returned does not follow from the evidence
-    assert rubric.grade(text, {**EXTRA, **recorded}, True, None)["rubric_follows"] == 0.0
+        # a conclusion resting on a value no tool returned does not follow from the evidence either
+        assert grades["rubric_values"] == grades["rubric_grounded"] == grades["rubric_follows"] == 0.0, name
 
 
 @pytest.mark.parametrize(

@@ -192,6 +192,6 @@ def test_with_cases_rubric_weighted_no_hack_gains(monkeypatch):
     for name, (text, recorded) in RUBRIC_HACKS.items():
         scored = score_row("vista3d_opsd", text, "A", {**extra, **recorded})
         assert scored["rubric_grounded"] == scored["rubric_follows"] == 0.0, name
-        assert scored["rubric_values"] == 0.0 or name == "the real value beside a made-up one", name
+        assert scored["rubric_values"] == 0.0, name
     honest = score_row("vista3d_opsd", HONEST, "A", {**extra, **ONE_CALL})
     assert honest["rubric"] == 1.0 and honest["score"] == 1.5

@@ -5,7 +5,8 @@ sequences" (docs/sources.md, CASE); its rubric is not published, so the items ar
 what the row already knows: `teacher_insight` holds the values behind the answer (numbers with units),
 `evidence` names the visits they belong to. Each item is 0 or 1:
 
-- `values`: the reasoning cites a value behind the answer that a tool returned in this episode;
+- `values`: the reasoning cites a value behind the answer that a tool returned in this episode, and none made
+  up (as `grounded` defines it);
 - `visits`: for a question about both visits, the reasoning names both, and the tools returned both;
 - `grounded`: the reasoning cites what a tool returned (a value, or four words of its text running on, as a
   report's impression) and no value that no tool returned, the question stated, or follows from two returned
@@ -239,7 +240,7 @@ class Rubric:
         evidence = bool(seen) if self.behind else cites_returned
         made_up = bool(unexplained)
         items = {
-            "values": honest and any(v in seen for v in cited),
+            "values": honest and any(v in seen for v in cited) and not made_up,
             "visits": self.visits <= named and self.visits <= shown,
             "grounded": honest and cites_returned and not made_up,
             "follows": honest and correct and evidence and not made_up,
