@@ -42,6 +42,7 @@ from case_env.core.tools import Tools
 from case_env.envs.imaging import evaluation
 from case_env.envs.imaging.bench.mixes import MIXES
 from case_env.envs.imaging.recipes import RECIPES
+from case_env.envs.imaging.rubric import WEIGHT
 from case_env.envs.imaging.terms import ImagingFault
 
 if TYPE_CHECKING:
@@ -115,8 +116,6 @@ class ImagingEnvironment(
 
     def asks_judge(self, settings: Mapping[str, str]) -> bool:
         """Only a weighted rubric asks the judge (rubric.py)."""
-        from case_env.envs.imaging.rubric import WEIGHT
-
         return float(settings.get(WEIGHT, "0")) > 0
 
     def bench_server(self, options: ServerBenchOptions, echo: Callable[[str], object]) -> dict:
