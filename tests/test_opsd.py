@@ -101,14 +101,9 @@ def batch_of(config, tokenizer, per_source: int = 2, blank: int | None = None):
     return DataProto.from_single_dict(collate_fn(chosen)), chosen
 
 
-async def rollout(worker_class, config, batch, items, teacher=None, validate=False):
-    """The batch through the worker, each row played by its scripted policy (the evidence's calls, then
-    the right answer)."""
-    with contextlib.redirect_stdout(io.StringIO()):  # verl prints every tool schema it loads
-        worker = worker_class(
-            config, llm_client=None, teacher_client={"default": teacher} if teacher else None
-        )
-    # one scripted model for the batch: each row is found by its question and counts its own turns
+def batch_policy(items):
+    """One scripted model's policy for a batch: each row, found by its question, counts its own turns and plays
+    its script (the evidence's calls, then the right answer)."""
     scripts = {item["extra_info"]["question"]: script_for(item, correct=True) for item in items}
     turns: dict[str, int] = {}
 
@@ -117,7 +112,17 @@ async def rollout(worker_class, config, batch, items, teacher=None, validate=Fal
         turns[key] = turns.get(key, 0) + 1
         return scripts[key][min(turns[key] - 1, len(scripts[key]) - 1)]
 
-    worker.llm_client = ScriptedModel(worker.tokenizer, policy)
+    return policy
+
+
+async def rollout(worker_class, config, batch, items, teacher=None, validate=False):
+    """The batch through the worker, each row played by its scripted policy (the evidence's calls, then
+    the right answer)."""
+    with contextlib.redirect_stdout(io.StringIO()):  # verl prints every tool schema it loads
+        worker = worker_class(
+            config, llm_client=None, teacher_client={"default": teacher} if teacher else None
+        )
+    worker.llm_client = ScriptedModel(worker.tokenizer, batch_policy(items))
     batch.meta_info["validate"] = validate
     return worker, await worker.generate_sequences(batch)
 

@@ -182,8 +182,7 @@ from omegaconf import OmegaConf
 from case_env.verl import launch
 from case_env.verl.distill import HEADING, PrivilegedAgentLoops
 from case_env.verl.offline import ScriptedModel
-from tests.test_opsd import ScriptedTeacher, batch_of, response_view
-from tests.verl_rows import script_for
+from tests.test_opsd import ScriptedTeacher, batch_of, batch_policy, response_view
 
 address, url, token, bank, model = sys.argv[1:6]
 args, extra = launch.parse(["--recipe", "case", "--model", model, "--data", bank, "--gpus", "2", "--nodes", "2",
@@ -213,16 +212,9 @@ class Teacher(ScriptedTeacher):
 from transformers import AutoTokenizer
 tokenizer = AutoTokenizer.from_pretrained(model)
 batch, items = batch_of(config, tokenizer, per_source=2)
-scripts = {item["extra_info"]["question"]: script_for(item, correct=True) for item in items}
-turns = {}
-def policy(text, _images, _turn):
-    key = next(k for k in scripts if k in text)
-    turns[key] = turns.get(key, 0) + 1
-    return scripts[key][min(turns[key] - 1, len(scripts[key]) - 1)]
-
 sink = Sent.remote()
 manager = PrivilegedAgentLoops.create(
-    config=config, llm_client=ScriptedModel(tokenizer, policy), teacher_client={"default": Teacher(sink)}
+    config=config, llm_client=ScriptedModel(tokenizer, batch_policy(items)), teacher_client={"default": Teacher(sink)}
 )
 out = manager.generate_sequences(batch)
 seen = ray.get(sink.all.remote())

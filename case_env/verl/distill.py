@@ -26,7 +26,6 @@ serves the initial checkpoint: self-distillation).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
 from typing import Any
@@ -35,6 +34,8 @@ import ray
 from verl.experimental.agent_loop.agent_loop import AgentLoopManager, AgentLoopWorker
 from verl.trainer.ppo.v1 import AgentLoopManagerTQ, AgentLoopWorkerTQ
 from verl.utils.tokenizer.continuous_token_wiring import create_continuous_token_builder
+
+from case_env.verl.dataset import extra_info, offered_tools
 
 INSIGHT = "teacher_insight"
 HEADING = (
@@ -45,20 +46,10 @@ TEACHER_FIELDS = ("teacher_ids", "teacher_logprobs")
 log = logging.getLogger(__name__)
 
 
-def extra_of(sample: dict[str, Any] | None) -> dict:
-    """The sample's `extra_info` as a dict (verl passes it as the dataset gave it: a dict, or JSON text)."""
-    extra = (sample or {}).get("extra_info")
-    if isinstance(extra, str):
-        try:
-            extra = json.loads(extra)
-        except ValueError:
-            return {}
-    return extra if isinstance(extra, dict) else {}
-
-
-def insight_of(sample: dict[str, Any] | None) -> str:
-    """The row's privileged text (`extra_info.teacher_insight`), "" when it has none."""
-    value = extra_of(sample).get(INSIGHT)
+def insight_of(sample: dict[str, Any]) -> str:
+    """The row's privileged text (`extra_info.teacher_insight`, a dict or the bank's JSON text), "" when it has
+    none."""
+    value = extra_info(sample).get(INSIGHT)
     return value.strip() if isinstance(value, str) else ""
 
 
@@ -104,7 +95,7 @@ class PrivilegedTeacher:
     ) -> None:
         privileged = None
         if self.distillation_enabled and not validate:
-            insight = insight_of(sample_kwargs)
+            insight = insight_of(sample_kwargs or {})
             if insight:
                 privileged = await self._privileged_prompt(
                     output, prompt_ids, response_ids, sample_kwargs, insight
@@ -165,12 +156,11 @@ class PrivilegedTeacher:
         return builder
 
     def _offered_schemas(self, sample: dict) -> list[list[dict]]:
-        """The tool schemas a loop may have rendered: the row's (`extra_info.tool_selection` in its order, as
-        verl's ToolAgentLoop offers them), or none (a loop that lists its tools in the system prompt)."""
-        tools = {tool.name: tool for tool in self.tools}
-        selection = extra_of(sample).get("tool_selection")
-        chosen = [tools[n] for n in selection if n in tools] if selection else list(tools.values())
-        schemas = [t.tool_schema.model_dump(exclude_unset=True, exclude_none=True) for t in chosen]
+        """The tool schemas a loop may have rendered: the row's (as verl's ToolAgentLoop offers them), or none
+        (a loop that lists its tools in the system prompt)."""
+        schemas = offered_tools(
+            sample, [t.tool_schema.model_dump(exclude_unset=True, exclude_none=True) for t in self.tools]
+        )
         return [schemas, []] if schemas else [[]]
 
     def _teacher_tokens(self) -> int:
