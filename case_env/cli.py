@@ -324,35 +324,88 @@ def rollouts(
     per_source: int = typer.Option(8, "--per-source", min=1, help="Rows per data source."),
     concurrency: int = typer.Option(8, "--concurrency", min=1, help="Trajectories in flight."),
     form: str = typer.Option(
-        "hermes", "--format", help="Tool-call format of the scripted model: hermes or qwen3_coder."
+        "hermes", "--format", help="Tool-call format of the model and verl's parser: hermes or qwen3_coder."
     ),
+    model: str = typer.Option(
+        None,
+        "--model",
+        help="A language model generating on this machine (a Hugging Face directory, or smollm2) instead of "
+        "the scripted baseline (needs the model extra).",
+    ),
+    temperature: float = typer.Option(
+        0.0, "--temperature", min=0.0, help="The model's sampling temperature."
+    ),
+    seed: int = typer.Option(0, "--seed", help="The model's sampling seed."),
+    response_length: int = typer.Option(
+        2048, "--response-length", min=16, help="verl's response budget of a trajectory, in tokens."
+    ),
+    max_turns: int = typer.Option(8, "--max-turns", min=1, help="The model's assistant turns per row."),
+    out: Path = typer.Option(None, "--out", help="Write rollouts.json and every turn (turns.jsonl) here."),
 ) -> None:
-    """The environment's scripted baseline through verl's ToolAgentLoop, scored by verl's reward manager
-    (needs verl)."""
+    """Roll a bank's rows out through verl's agent loops, scored by verl's reward manager: the environment's
+    scripted baseline, or a model generating on this machine (--model). Needs verl."""
     from case_env.core.calls import FORMATS
     from case_env.server.control import ensure_server, stop
-    from case_env.verl.rollouts import run_rollouts
 
     if form not in FORMATS:
         _fail(f"unknown tool-call format {form!r}; choose {' or '.join(FORMATS)}", 2)
     parquet = bank / f"{split}.parquet"
     if not parquet.is_file():
         _fail(f"{parquet} is missing (run `case-env bank build`)", 2)
+    if model is not None:
+        model_dir = _model_dir(model)
     server = ensure_server(server_url, data_root)
     try:
-        summary = run_rollouts(parquet, server_url, per_source, concurrency, form)
+        if model is None:
+            from case_env.verl.rollouts import run_rollouts
+
+            summary = run_rollouts(parquet, server_url, per_source, concurrency, form)
+        else:
+            from case_env.verl.model_rollouts import ModelRun, run_model_rollouts
+
+            run = ModelRun(
+                str(model_dir),
+                temperature,
+                seed=seed,
+                response_length=response_length,
+                max_turns=max_turns,
+                form=form,
+            )
+            summary = run_model_rollouts(parquet, server_url, per_source, concurrency, run, out)
     finally:
         stop(server)
-    typer.echo(
-        f"{'data source':18s} {'n':>4s} {'mean reward':>12s} {'accuracy':>9s} {'format ok':>10s} "
-        f"{'tool calls':>11s} {'infra errors':>13s}"
-    )
+    _rollouts_table(summary, model is not None)
+
+
+def _model_dir(model: str) -> Path:
+    """A model directory, a known model prepared on first use; a clear error otherwise."""
+    try:
+        from case_env.lm.prepare import ModelError, resolve
+    except ImportError as exc:
+        _fail(f"--model needs the model extra ({exc.name} is missing): pip install 'case-env[model]'", 2)
+    try:
+        return resolve(model)
+    except ModelError as exc:
+        _fail(str(exc), 2)
+
+
+def _rollouts_table(summary: dict, model: bool) -> None:
+    header = f"{'data source':18s} {'n':>4s} {'reward':>7s} {'accuracy':>9s} {'format ok':>10s} {'calls':>6s} {'ok':>5s} {'infra':>6s}"
+    if model:
+        header += f" {'turns':>6s} {'call turns':>11s} {'misparsed':>10s} {'tokens/turn':>12s} {'crashes':>8s}  floors"
+    typer.echo(header)
     for source, s in summary.items():
-        if s.n:
-            typer.echo(
-                f"{source:18s} {s.n:4d} {s.reward / s.n:12.2f} {s.correct / s.n:9.2f} {s.format_ok / s.n:10.2f} "
-                f"{s.tool_calls / s.n:11.1f} {s.infra_errors:13d}"
-            )
+        if not s.n:
+            continue
+        line = (
+            f"{source:18s} {s.n:4d} {s.reward / s.n:7.2f} {s.correct / s.n:9.2f} {s.format_ok / s.n:10.2f} "
+            f"{s.tool_calls / s.n:6.1f} {s.calls_ok / s.n:5.1f} {s.infra_errors:6d}"
+        )
+        if model:
+            per_turn = s.tokens / s.turns if s.turns else 0.0
+            floors = ", ".join(f"{k} {v:.2f}" for k, v in s.floors.items()) or "-"
+            line += f" {s.turns / s.n:6.1f} {s.call_turns / max(s.turns, 1):11.2f} {s.misparsed:10d} {per_turn:12.1f} {s.crashes:8d}  {floors}"
+        typer.echo(line)
 
 
 @train_app.command("preflight", context_settings=_LAUNCHER_ARGS, add_help_option=False)

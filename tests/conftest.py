@@ -41,7 +41,7 @@ def qwen2_5_vl(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def qwen3(tmp_path_factory) -> Path:
     """A Qwen3 text model whose own template renders tools (case-env's, whose tool block is Qwen3's)."""
-    from case_env.verl.chat_templates import FAMILIES, template
+    from case_env.lm.chat_templates import FAMILIES, template
     from tests import qwen_models
 
     return qwen_models.model_dir(

@@ -23,10 +23,10 @@ from case_env.core.calls import FIELD
 from case_env.envs.clinic.bank import build as build_clinic
 from case_env.envs.clinic.noise import NoiseConfig
 from case_env.envs.clinic.synth import make_cases
+from case_env.lm.chat_templates import FAMILIES, family_for, template
 from case_env.reward import score_row
 from case_env.server.control import Sizing
 from case_env.verl import checks, launch, model_files
-from case_env.verl.chat_templates import FAMILIES, family_for, template
 from case_env.verl.config import path_for
 from case_env.verl.dataset import CaseRLHFDataset
 from case_env.verl.offline import (

@@ -68,9 +68,7 @@ def test_the_wheel_installs_and_runs_without_the_repository(tmp_path):
     work.mkdir()
     assert "Usage: case-env" in _run(cli, "--help", cwd=work)
     # the chat templates `case-env train` gives verl are package data
-    shipped = (
-        "from case_env.verl.chat_templates import FAMILIES, template; print(template(FAMILIES['qwen3']))"
-    )
+    shipped = "from case_env.lm.chat_templates import FAMILIES, template; print(template(FAMILIES['qwen3']))"
     assert "<tool_response>" in _run(python, "-c", shipped, cwd=work)
     listed = json.loads(_run(cli, "envs", "--json", cwd=work))
     assert set(listed["environments"]) >= set(CALLS) and listed["problems"] == []

@@ -195,6 +195,9 @@ class Baselines(ABC):
 
     baselines: ClassVar[tuple[str, ...]] = ()
     loop_agent: ClassVar[str] = ""
+    # baselines a model must beat to show it uses what it is given (a guess, no tools): `rollouts --model`
+    # plays them on the model's rows
+    floors: ClassVar[tuple[str, ...]] = ()
 
     @abstractmethod
     def policy_factory(self, agent: str, bank: Path, seed: int) -> PolicyFactory:

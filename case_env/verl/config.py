@@ -1,8 +1,8 @@
 """verl's tool YAML, one file per environment, generated from its tools so that schemas cannot drift.
 
 Each entry names `case_env.verl.CaseTool`, the client settings, and the tool's schema exactly as the server
-serves it. `base_url` reads `CASE_ENV_URL` through OmegaConf when verl loads the file (verl resolves
-interpolations), so one checked-in file serves any deployment. A bank's rows list exactly their
+serves it. `base_url` reads `CASE_ENV_URL` and `images` `CASE_ENV_TOOL_IMAGES` through OmegaConf when verl loads the
+file (verl resolves interpolations), so one checked-in file serves any deployment. A bank's rows list exactly their
 environment's tools, so a training run uses that environment's file.
 """
 
@@ -23,6 +23,8 @@ ADAPTER = {
     "type": "native",
     **RetryPolicy().model_dump(),
     "base_url": "${oc.env:CASE_ENV_URL,http://127.0.0.1:8000}",
+    # false for a model that reads no images (case_env.verl.tool, TEXT_ONLY)
+    "images": "${oc.env:CASE_ENV_TOOL_IMAGES,true}",
 }
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from typing import Any
 
 from omegaconf import OmegaConf
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
@@ -172,10 +173,12 @@ def loop_class(agent_name: str) -> type[ToolAgentLoop]:
 
 
 def make_loop(
-    tools: list, model: ScriptedModel, processor=None, config=None, agent_name: str = "tool_agent"
+    tools: list, model: Any, processor=None, config=None, agent_name: str = "tool_agent"
 ) -> ToolAgentLoop:
-    """Must run inside the event loop that will drive it (AgentLoopBase captures the running loop)."""
+    """`model` answers `generate` as verl's server manager does (`ScriptedModel`, `LocalServer`). Must run
+    inside the event loop that will drive it (AgentLoopBase captures the running loop)."""
     config = config or loop_config()
+    text_type = getattr(model, "model_type", None) or "qwen2"
     return loop_class(agent_name)(
         trainer_config=DictConfigWrap(config),
         server_manager=model,
@@ -183,15 +186,15 @@ def make_loop(
         processor=processor,
         dataset_cls=CaseRLHFDataset,
         data_config=DictConfigWrap(config.data),
-        hf_model_type="qwen2_vl" if processor is not None else "qwen2",
+        hf_model_type="qwen2_vl" if processor is not None else text_type,
         tools=ToolListWrap(tools),
     )
 
 
-async def run_row(loop: ToolAgentLoop, item: dict):
+async def run_row(loop: ToolAgentLoop, item: dict, sampling_params: dict | None = None):
     """One dataset row (as RLHFDataset yields it) through the loop, with the columns verl passes."""
     return await loop.run(
-        sampling_params={},
+        sampling_params=dict(sampling_params or {}),
         raw_prompt=item["raw_prompt"],
         tools_kwargs=item["tools_kwargs"],
         extra_info=item["extra_info"],

@@ -20,8 +20,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from case_env.lm.chat_templates import family_for, template
 from case_env.verl import checks, launch, model_files
-from case_env.verl.chat_templates import family_for, template
 from case_env.verl.checks import FAIL, Check
 
 # families whose published (processor) template renders no tools: case-env's is used even unverified
@@ -88,7 +88,9 @@ class Preflight:
 
     def _choose_template(self) -> None:
         args, plan = self.args, self.plan
-        family = family_for(self.files.model_type if self.files else None, args.model)
+        files = self.files
+        vocabulary = files.tokenizer.get_vocab() if files else ()
+        family = family_for(files.model_type if files else None, args.model, vocabulary)
         shipped = template(family) if family is not None else None
         if args.chat_template == "model":
             return

@@ -1,9 +1,13 @@
-"""Rollouts of the scripted policy through verl's real ToolAgentLoop, scored by verl's reward manager.
+"""Rollouts through verl's real agent loops, scored by verl's reward manager: of a scripted policy, or of a
+language model generating on this machine.
 
 This is the main job of `make demo` on a machine without GPUs: the same tool YAML, dataset class, adapter
 and reward function a GRPO run uses, with the model replaced by the row's environment's scripted baseline
 (`Baselines.loop_agent`), writing its tool calls in the loop's format (`hermes` or `qwen3_coder`), so every
-part between the dataset row and the reward is exercised for real.
+part between the dataset row and the reward is exercised for real. With a model (`--model`), its own tokens
+go through the same loops (`local_model.LocalServer`), and the report says what it wrote: turns whose call
+verl's parser reads, calls the server accepted, tokens per turn, and the environment's floors
+(`Baselines.floors`) played on the same rows.
 """
 
 from __future__ import annotations
@@ -14,8 +18,9 @@ import io
 import os
 import tempfile
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from omegaconf import OmegaConf
 from verl.tools.tool_registry import load_all_tools
@@ -27,6 +32,7 @@ from case_env.core.parts import Baselines, Variant, dialogue_of
 from case_env.core.policy import LoopPolicy
 from case_env.verl.config import path_for, write
 from case_env.verl.dataset import CaseRLHFDataset
+from case_env.verl.local_model import CALLER
 from case_env.verl.offline import (
     ScriptedModel,
     build_processor,
@@ -46,6 +52,24 @@ class SourceSummary:
     format_ok: int = 0
     tool_calls: int = 0
     infra_errors: int = 0
+    calls_ok: int = 0
+    crashes: int = 0  # rows whose loop raised (each one a defect)
+    turns: int = 0  # assistant turns generated (model runs)
+    call_turns: int = 0  # turns in which verl's parser read a call
+    misparsed: int = 0  # turns that wrote a call marker verl's parser could not read
+    tokens: int = 0  # tokens the model generated
+    floors: dict[str, float] = field(default_factory=dict)  # accuracy of the floors on the same rows
+
+
+@dataclass
+class Played:
+    """A row's rollout: verl's output (None when the loop raised), its error, and the reward."""
+
+    item: dict
+    output: Any
+    error: str = ""
+    score: dict = field(default_factory=dict)
+    model: Any = None
 
 
 @contextlib.contextmanager
@@ -58,7 +82,7 @@ def _quiet():
         yield
 
 
-def load_rows(parquet: Path, per_source: int) -> list[dict]:
+def load_rows(parquet: Path, per_source: int, tokenizer: Any = None) -> list[dict]:
     config = OmegaConf.create(
         {
             "prompt_key": "prompt",
@@ -69,7 +93,7 @@ def load_rows(parquet: Path, per_source: int) -> list[dict]:
         }
     )
     data = CaseRLHFDataset(
-        data_files=[str(parquet)], tokenizer=build_tokenizer(), config=config, processor=None
+        data_files=[str(parquet)], tokenizer=tokenizer or build_tokenizer(), config=config, processor=None
     )
     chosen: dict[str, list] = defaultdict(list)
     for i in range(len(data)):
@@ -79,8 +103,11 @@ def load_rows(parquet: Path, per_source: int) -> list[dict]:
     return [item for source in sorted(chosen) for item in chosen[source]]
 
 
-def policy_for(item: dict, form: str = "hermes") -> LoopPolicy:
-    """The row's environment's scripted baseline (`Baselines.loop_agent`), as the scripted model's turns."""
+def policy_for(
+    item: dict, form: str = "hermes", agent: str | None = None, bank: Path = Path(".")
+) -> LoopPolicy:
+    """A scripted baseline of the row's environment (`agent`, else its `loop_agent`; one that reads its bank
+    reads `bank`) as the scripted model's turns."""
     env = registry.for_row(item["data_source"], item["extra_info"])
     row = Item(
         "",
@@ -89,9 +116,9 @@ def policy_for(item: dict, form: str = "hermes") -> LoopPolicy:
         item["reward_model"]["ground_truth"],
         item["extra_info"],
     )
-    if not isinstance(env, Baselines) or not env.loop_agent:
+    if not isinstance(env, Baselines) or not (agent or env.loop_agent):
         raise ValueError(f"the {env.name} environment has no scripted baseline to play through verl")
-    policy = env.policy_factory(env.loop_agent, Path("."), 0)(row, Variant(), 0)
+    policy = env.policy_factory(agent or env.loop_agent, bank, 0)(row, Variant(), 0)
     return LoopPolicy(policy, form, listener_of(item))
 
 
@@ -102,30 +129,63 @@ def listener_of(item: dict) -> tuple[str, str] | None:
 
 
 async def play(
-    items: list[dict], tools: list, concurrency: int, form: str = "hermes", policy=None
-) -> tuple[list, list[ScriptedModel], list[dict]]:
-    """Each row played by its policy (`policy(item)`, else its environment's scripted baseline) through
-    ToolAgentLoop, then scored by verl's reward manager: (outputs, the scripted models with the prompts they
-    saw, reward-manager results). Must run inside an event loop."""
+    items: list[dict], tools: list, concurrency: int, form: str = "hermes", policy=None, model=None
+) -> tuple[list, list, list[dict]]:
+    """Each row played through its agent loop, then scored by verl's reward manager: (outputs, the models
+    that generated them, reward-manager results). The model is `model` (a `LocalServer`, shared by every
+    row), else a scripted model per row playing `policy(item)` or the environment's scripted baseline.
+    Must run inside an event loop."""
+    played = await play_rows(items, tools, concurrency, form, policy, model)
+    for row in played:
+        if row.error:
+            raise RuntimeError(row.error)
+    return [r.output for r in played], [r.model for r in played], [r.score for r in played]
+
+
+async def play_rows(
+    items: list[dict],
+    tools: list,
+    concurrency: int,
+    form: str = "hermes",
+    policy=None,
+    model=None,
+    config: Any = None,
+    sampling: dict | None = None,
+) -> list[Played]:
+    """`play`, keeping each row's failure (a loop that raised) beside the others' results. `config` is the
+    loop's (offline.loop_config), `sampling` the parameters verl's worker would pass."""
     gate = asyncio.Semaphore(concurrency)
+    processor = None if model is not None else build_processor(build_tokenizer())
+    config = config if config is not None else loop_config(max_turns=40, form=form)
 
-    async def one(item: dict):
+    async def one(index: int, item: dict) -> Played:
         async with gate:
-            tokenizer = build_tokenizer()
-            if policy is not None:
-                turns = LoopPolicy(policy(item), form, listener_of(item))
+            CALLER.set(index)
+            if model is not None:
+                generator = model
             else:
-                turns = policy_for(item, form)
-            model = ScriptedModel(tokenizer, turns)
-            config = loop_config(max_turns=40, form=form)
+                turns_of = (
+                    LoopPolicy(policy(item), form, listener_of(item)) if policy else policy_for(item, form)
+                )
+                generator = ScriptedModel(build_tokenizer(), turns_of)
             agent = str(item.get("agent_name") or "tool_agent")
-            loop = make_loop(tools, model, build_processor(tokenizer), config, agent)
-            out = await run_row(loop, item)
-            return out, model
+            loop = make_loop(tools, generator, processor, config, agent)
+            try:
+                out = await run_row(loop, item, sampling)
+            except Exception as exc:  # a crash of the loop on what the model wrote: reported, not fatal
+                done = Played(item, None, f"{type(exc).__name__}: {exc}")
+            else:
+                done = Played(item, out)
+            done.model = generator
+            return done
 
-    played = await asyncio.gather(*[one(item) for item in items])
-    outputs = [out for out, _ in played]
-    return outputs, [model for _, model in played], await score_with_verl(build_tokenizer(), outputs, items)
+    played = await asyncio.gather(*[one(i, item) for i, item in enumerate(items)])
+    finished = [p for p in played if p.output is not None]
+    tokenizer = model.tokenizer if model is not None else build_tokenizer()
+    scores = await score_with_verl(tokenizer, [p.output for p in finished], [p.item for p in finished])
+    for p, score in zip(finished, scores, strict=True):
+        p.score = score
+    return played
 
 
 def tool_config(env: str, folder: Path) -> Path:
@@ -133,29 +193,50 @@ def tool_config(env: str, folder: Path) -> Path:
     return write(registry.get(env), path_for(env, folder))
 
 
-def run_rollouts(
-    parquet: Path, server_url: str, per_source: int, concurrency: int, form: str = "hermes"
-) -> dict[str, SourceSummary]:
-    os.environ["CASE_ENV_URL"] = server_url
-    items = load_rows(parquet, per_source)
+def load_tools(env: str) -> list:
+    with tempfile.TemporaryDirectory(prefix="case-env-tools-") as folder, _quiet():
+        return load_all_tools(tool_config_path=str(tool_config(env, Path(folder))), function_tool_path=None)
+
+
+def bank_env(items: list[dict], parquet: Path) -> str:
     envs = {registry.for_row(i["data_source"], i["extra_info"]).name for i in items}
     if len(envs) != 1:
         raise ValueError(
             f"{parquet} holds rows of {len(envs)} environments ({', '.join(sorted(envs))}); one is needed"
         )
-    with tempfile.TemporaryDirectory(prefix="case-env-tools-") as folder, _quiet():
-        tools = load_all_tools(
-            tool_config_path=str(tool_config(envs.pop(), Path(folder))), function_tool_path=None
-        )
-    outputs, _models, scores = asyncio.run(play(items, tools, concurrency, form))
+    return envs.pop()
+
+
+def run_rollouts(
+    parquet: Path, server_url: str, per_source: int, concurrency: int, form: str = "hermes"
+) -> dict[str, SourceSummary]:
+    """The environment's scripted baseline over the first `per_source` rows of each data source."""
+    os.environ["CASE_ENV_URL"] = server_url
+    items = load_rows(parquet, per_source)
+    tools = load_tools(bank_env(items, parquet))
+    played = asyncio.run(play_rows(items, tools, concurrency, form))
+    return summarise(played)
+
+
+def summarise(played: list[Played], parsed: dict[str, tuple[int, int, int, int]] | None = None):
+    """Per data source: rewards, calls and failures; `parsed` adds a model's turns by request id."""
     summary: dict[str, SourceSummary] = defaultdict(SourceSummary)
-    for out, item, score in zip(outputs, items, scores, strict=True):
-        s = summary[item["data_source"]]
-        calls = out.extra_fields.get(FIELD, [])
+    for p in played:
+        s = summary[p.item["data_source"]]
         s.n += 1
-        s.reward += score["reward_score"]
-        s.correct += float(score["reward_extra_info"]["acc"])
-        s.format_ok += bool(score["reward_extra_info"]["format_ok"])
+        if p.output is None:
+            s.crashes += 1
+            continue
+        calls = p.output.extra_fields.get(FIELD, [])
+        extra = p.score["reward_extra_info"]
+        s.reward += p.score["reward_score"]
+        s.correct += float(extra["acc"])
+        s.format_ok += bool(extra["format_ok"])
         s.tool_calls += len(calls)
+        s.calls_ok += sum(c["status"] == "ok" for c in calls)
         s.infra_errors += sum(bool(c["infra_error"]) for c in calls)
     return dict(summary)
+
+
+def as_dict(summary: dict[str, SourceSummary]) -> dict[str, dict]:
+    return {source: asdict(s) for source, s in summary.items()}

@@ -15,6 +15,9 @@ What verl 0.9.1 does and does not do shapes this class (docs/architecture.md, "v
 - verl drops the metrics returned by `execute`; every executed call is also appended to
   `agent_data.extra_fields["case_env_tool_calls"]` (`case_env.core.calls`), which verl merges into the
   reward's `extra_info`: rewards that count calls read the calls that really ran.
+- verl raises on an image in a tool answer when the model has no processor (a text model): with `images`
+  false (the launcher sets `CASE_ENV_TOOL_IMAGES=false` for such a model) the image stays out of the answer,
+  whose text says so, and the episode goes on.
 - The server keeps no conversation state: when the tool's environment needs the episode's context (earlier
   patient exchanges, earlier submissions, the row's noise or attempt budget), it is built from the row's
   `create_kwargs` and the calls so far by `Environment.episode_context`, and sent with the call.
@@ -32,6 +35,7 @@ from typing import Any
 from uuid import uuid4
 
 from PIL import Image
+from pydantic import TypeAdapter
 from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
@@ -57,6 +61,7 @@ class CaseTool(BaseTool):
     def __init__(self, config: dict, tool_schema: OpenAIFunctionToolSchema | None):
         super().__init__(config, tool_schema)
         self.settings = RetryPolicy.model_validate(config)
+        self.images = TypeAdapter(bool).validate_python(config.get("images", True))
         self._rows: dict[str, dict] = {}
         self._clients: dict[int, ToolClient] = {}
         # the episode's calls as ExecutedCall, kept beside verl's agent data for as long as it lives, so a
@@ -112,7 +117,7 @@ class CaseTool(BaseTool):
             if context is not None:
                 body["context"] = context
             reply = await self._client().call(self.name, body)
-            response = _tool_response(reply)
+            response = _tool_response(reply, self.images)
         remember = env is not None and self.name in env.tools and env.tools[self.name].remember
         call = ExecutedCall(
             self.name,
@@ -128,9 +133,15 @@ class CaseTool(BaseTool):
         return response, 0.0, metrics
 
 
-def _tool_response(reply: Reply) -> ToolResponse:
-    images = [Image.open(io.BytesIO(png)).convert("RGB") for png in reply.pngs()]
+TEXT_ONLY = "(The image is not shown: this model reads text only.)"
+
+
+def _tool_response(reply: Reply, images: bool = True) -> ToolResponse:
+    pngs = reply.pngs()
     text = reply.model_text()
+    if pngs and not images:
+        return ToolResponse(text=f"{text}\n{TEXT_ONLY}" if text else TEXT_ONLY)
+    pictures = [Image.open(io.BytesIO(png)).convert("RGB") for png in pngs]
     return (
-        ToolResponse(text=text, image=images) if images else ToolResponse(text=text)
+        ToolResponse(text=text, image=pictures) if pictures else ToolResponse(text=text)
     )  # verl rejects image=None

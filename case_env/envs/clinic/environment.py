@@ -168,6 +168,7 @@ class ClinicEnvironment(
     required_extra = ("clinic", "noise", *CASE_EXTRA)
     baselines = ("clinician", "no-exam")
     loop_agent = "clinician"
+    floors = ("no-exam",)
     max_turns = 20  # MedExAgent's assistant-turn limit
     recipes: ClassVar[dict[str, Recipe]] = {"medexagent": MEDEXAGENT}
     sft_recipes: ClassVar[dict[str, SFTRecipe]] = {"medexagent": MEDEXAGENT_SFT}

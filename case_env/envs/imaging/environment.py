@@ -110,6 +110,7 @@ class ImagingEnvironment(
     required_extra = ("options", *CASE_EXTRA)
     baselines = ("scripted", "vision", "no-tool", "random")
     loop_agent = "vision"
+    floors = ("random", "no-tool")
     max_turns = 32
     default = True
     recipes: ClassVar[dict[str, Recipe]] = RECIPES  # CASE's RL stage and its ablations

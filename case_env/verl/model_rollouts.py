@@ -1,0 +1,163 @@
+"""`case-env rollouts --model`: a language model on this machine playing a bank's rows through verl's own loops.
+
+The rows run exactly as in training: verl's dataset class, the row's agent loop (`ToolAgentLoop` or the
+environment's own), verl's tool parser, `CaseTool` against the live server, verl's reward manager; only the
+inference server is `LocalServer` in this process. Besides rewards it reports what the model wrote: each
+turn parsed again by verl's parser (a turn with a call marker the parser cannot read is a mis-parse), the
+calls the server accepted, tokens per turn, and the environment's floors played on the same rows. A text
+model gets its tools' text only (`CASE_ENV_TOOL_IMAGES=false`). `--out` keeps every turn as the model wrote it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from case_env.core import registry
+from case_env.core.calls import FIELD
+from case_env.core.parts import Baselines
+from case_env.lm.engine import Engine
+from case_env.lm.prepare import resolve
+from case_env.verl.local_model import LocalServer
+from case_env.verl.offline import loop_config
+from case_env.verl.rollouts import (
+    Played,
+    SourceSummary,
+    bank_env,
+    load_rows,
+    load_tools,
+    play_rows,
+    policy_for,
+    summarise,
+)
+
+CALL_MARKERS = {"hermes": "<tool_call>", "qwen3_coder": "<function="}
+
+
+@dataclass(frozen=True)
+class ModelRun:
+    """How the model plays: verl's sampling parameters and lengths."""
+
+    model: str
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+    response_length: int = 2048
+    max_turns: int = 8
+    form: str = "hermes"
+
+
+def run_model_rollouts(
+    parquet: Path,
+    server_url: str,
+    per_source: int,
+    concurrency: int,
+    run: ModelRun,
+    out: Path | None = None,
+    engine: Engine | None = None,
+) -> dict[str, SourceSummary]:
+    os.environ["CASE_ENV_URL"] = server_url
+    os.environ["CASE_ENV_TOOL_IMAGES"] = "false"  # the model reads text only; verl would raise on an image
+    engine = engine or Engine(resolve(run.model), max_batch=concurrency, seed=run.seed)
+    items = load_rows(parquet, per_source, engine.tokenizer)
+    env = registry.get(bank_env(items, parquet))
+    tools = load_tools(env.name)
+    server = LocalServer(engine, prompt_length=16384, response_length=run.response_length, seed=None)
+    config = loop_config(max_turns=run.max_turns, response_length=run.response_length, form=run.form)
+    sampling = {"temperature": run.temperature, "top_p": run.top_p, "top_k": -1, "repetition_penalty": 1.0}
+    if run.temperature > 0:
+        sampling["seed"] = run.seed
+    played = asyncio.run(
+        play_rows(items, tools, concurrency, run.form, model=server, config=config, sampling=sampling)
+    )
+    parsed = asyncio.run(_parse_turns(server, played, tools, run.form))
+    summary = summarise(played)
+    for index, p in enumerate(played):
+        s = summary[p.item["data_source"]]
+        turns = parsed[index]
+        s.turns += len(turns)
+        s.call_turns += sum(t["calls"] > 0 for t in turns)
+        s.misparsed += sum(t["misparsed"] for t in turns)
+        s.tokens += sum(t["tokens"] for t in turns)
+    for floor, accuracy in _floors(env, items, tools, concurrency, run.form, parquet.parent).items():
+        for source, value in accuracy.items():
+            summary[source].floors[floor] = value
+    if out is not None:
+        _write(out, run, summary, played, parsed, engine.tokenizer)
+    return summary
+
+
+async def _parse_turns(server: LocalServer, played: list[Played], tools: list, form: str) -> dict[int, list]:
+    """Each turn the model generated, read again by verl's own parser with the row's tools."""
+    from verl.experimental.agent_loop.tool_parser import ToolParser
+
+    parser = ToolParser.get_tool_parser(form, server.tokenizer)
+    schemas = [t.tool_schema for t in tools]
+    marker = CALL_MARKERS[form]
+    result: dict[int, list] = {}
+    for index, _p in enumerate(played):
+        turns = []
+        for turn in server.turns.get(index, []):
+            text = server.tokenizer.decode(turn.token_ids, skip_special_tokens=False)
+            _content, calls = await parser.extract_tool_calls(turn.token_ids, schemas)
+            turns.append(
+                {
+                    "text": text,
+                    "tokens": len(turn.token_ids),
+                    "finish": turn.finish,
+                    "cached_tokens": turn.cached_tokens,
+                    "calls": len(calls),
+                    "misparsed": not calls and marker in text,
+                }
+            )
+        result[index] = turns
+    return result
+
+
+def _floors(
+    env, items: list[dict], tools: list, concurrency: int, form: str, bank: Path
+) -> dict[str, dict[str, float]]:
+    """Accuracy of each of the environment's floors on the same rows, through the same loop."""
+    floors = env.floors if isinstance(env, Baselines) else ()
+    result: dict[str, dict[str, float]] = {}
+    for floor in floors:
+        played = asyncio.run(
+            play_rows(
+                items,
+                tools,
+                concurrency,
+                form,
+                policy=lambda item, f=floor: policy_for(item, form, f, bank).policy,
+            )
+        )
+        summary = summarise(played)
+        result[floor] = {source: s.correct / s.n for source, s in summary.items() if s.n}
+    return result
+
+
+def _write(out: Path, run: ModelRun, summary, played: list[Played], parsed: dict, tokenizer: Any) -> None:
+    """rollouts.json (settings and figures) and turns.jsonl (every row: the model's turns, the calls as they
+    ran, the reward, the failure)."""
+    from dataclasses import asdict
+
+    out.mkdir(parents=True, exist_ok=True)
+    figures = {"run": asdict(run), "sources": {k: asdict(v) for k, v in summary.items()}}
+    (out / "rollouts.json").write_text(json.dumps(figures, indent=2) + "\n", encoding="utf-8")
+    with (out / "turns.jsonl").open("w", encoding="utf-8") as f:
+        for index, p in enumerate(played):
+            extra = p.item["extra_info"]
+            record = {
+                "data_source": p.item["data_source"],
+                "case": extra.get("patient_id"),
+                "question": extra.get("question"),
+                "ground_truth": p.item["reward_model"]["ground_truth"],
+                "turns": parsed[index],
+                "calls": p.output.extra_fields.get(FIELD, []) if p.output is not None else [],
+                "reward": p.score.get("reward_extra_info", {}),
+                "error": p.error,
+            }
+            f.write(json.dumps(record, default=str) + "\n")
