@@ -170,7 +170,9 @@ class Engine:
         self.tokenizer = AutoTokenizer.from_pretrained(self.path)
         self.model = (
             model
-            or AutoModelForCausalLM.from_pretrained(self.path, dtype=torch.float32, attn_implementation=ATTENTION)
+            or AutoModelForCausalLM.from_pretrained(
+                self.path, dtype=torch.float32, attn_implementation=ATTENTION
+            )
         ).eval()
         config = self.model.config
         self.max_length = int(getattr(config, "max_position_embeddings", 0) or 1 << 30)
