@@ -34,6 +34,7 @@ from case_env.core.parts import (
 )
 from case_env.core.problems import Problems
 from case_env.core.text_cases import cases_variable
+from case_env.trl.commands import model_app, trl_app
 
 app = typer.Typer(
     help="case-env: RL environment server for clinical agents that gather evidence with tools.",
@@ -55,6 +56,8 @@ app.add_typer(bank_app, name="bank")
 app.add_typer(bench_app, name="bench")
 app.add_typer(traj_app, name="traj")
 app.add_typer(train_app, name="train")
+train_app.add_typer(trl_app, name="trl")
+app.add_typer(model_app, name="model")
 GROUPS = {
     "root": app,
     "data": data_app,
@@ -353,7 +356,9 @@ def rollouts(
     if not parquet.is_file():
         _fail(f"{parquet} is missing (run `case-env bank build`)", 2)
     if model is not None:
-        model_dir = _model_dir(model)
+        from case_env.trl.commands import model_dir
+
+        model = model_dir(model)
     server = ensure_server(server_url, data_root)
     try:
         if model is None:
@@ -364,7 +369,7 @@ def rollouts(
             from case_env.verl.model_rollouts import ModelRun, run_model_rollouts
 
             run = ModelRun(
-                str(model_dir),
+                model,
                 temperature,
                 seed=seed,
                 response_length=response_length,
@@ -375,18 +380,6 @@ def rollouts(
     finally:
         stop(server)
     _rollouts_table(summary, model is not None)
-
-
-def _model_dir(model: str) -> Path:
-    """A model directory, a known model prepared on first use; a clear error otherwise."""
-    try:
-        from case_env.lm.prepare import ModelError, resolve
-    except ImportError as exc:
-        _fail(f"--model needs the model extra ({exc.name} is missing): pip install 'case-env[model]'", 2)
-    try:
-        return resolve(model)
-    except ModelError as exc:
-        _fail(str(exc), 2)
 
 
 def _rollouts_table(summary: dict, model: bool) -> None:

@@ -23,6 +23,7 @@ from pathlib import Path
 from PIL import Image
 from tqdm import tqdm
 
+from case_env.core import episode as episodes
 from case_env.core import registry
 from case_env.core.bank import Item, load_items
 from case_env.core.calls import FIELD, ExecutedCall
@@ -142,13 +143,6 @@ def _policies(
     return make
 
 
-def _create_kwargs(item: Item, variant: Variant) -> dict:
-    """The row's create_kwargs (every tool of a row has the same), with the variant's in their place."""
-    tools_kwargs = item.extra.get("tools_kwargs") or {}
-    first = next(iter(tools_kwargs.values()), {}) if isinstance(tools_kwargs, dict) else {}
-    return {**(first.get("create_kwargs") or {}), **variant.create}
-
-
 class _Rollouts:
     def __init__(
         self,
@@ -168,8 +162,11 @@ class _Rollouts:
 
     async def play(self, item: Item, variant: Variant, policy, tools: list[dict]) -> trajectory.Episode:
         loop = asyncio.get_running_loop()
-        create = _create_kwargs(item, variant)
-        patient = item.extra["patient_id"]
+        create = {
+            **episodes.create_kwargs(item.extra),
+            "patient_id": item.extra["patient_id"],
+            **variant.create,
+        }
         episode_id = f"eval-{uuid.uuid4().hex}"
         # a row whose loop is a dialogue is played as that loop plays it in training: every call of a turn
         # runs, the environment says when it ends, and (unless the variant says not) plain text is answered
@@ -203,7 +200,7 @@ class _Rollouts:
                     )
                     step.observations.append(Observation(name, arguments, refusal, None, None, False))
                     continue
-                observation, call = await self._call(name, arguments, episode_id, patient, create, calls)
+                observation, call = await self._call(name, arguments, episode_id, create, calls)
                 step.observations.append(observation)
                 calls.append(call)
             seen += step.observations
@@ -216,28 +213,20 @@ class _Rollouts:
         return trajectory.Episode(prompt, [s.turn for s in steps], seen, calls, score, tools, messages)
 
     async def _call(
-        self, name: str, arguments: dict, episode_id: str, patient: str, create: dict, calls: list
+        self, name: str, arguments: dict, episode_id: str, create: dict, calls: list
     ) -> tuple[Observation, ExecutedCall]:
-        body = {"episode_id": episode_id, "patient_id": patient, "arguments": arguments}
-        context = self.env.episode_context(create, calls)
-        if context is not None:
-            body["context"] = context
-        reply = await self.client.call(name, body)
+        reply, call = await episodes.call(self.client, self.env, episode_id, create, name, arguments, calls)
         if reply.http_status == 404:
             raise LookupError(
-                f"the server has no case {patient!r}: serve the bank's cases (case-env serve --data-root "
-                f"holding them, or --cases {self.env.name}=FILE)"
+                f"the server has no case {create['patient_id']!r}: serve the bank's cases (case-env serve "
+                f"--data-root holding them, or --cases {self.env.name}=FILE)"
             )
         pngs = reply.pngs()
         image = Image.open(io.BytesIO(pngs[0])).convert("RGB") if pngs else None
         observation = Observation(
             name, arguments, reply.model_text(), image, pngs[0] if pngs else None, reply.ok
         )
-        spec = self.env.tools.get(name)
-        text = reply.text if spec is not None and spec.remember else None
-        return observation, ExecutedCall(
-            name, arguments, reply.status, reply.infra_error, reply.attempts, text=text
-        )
+        return observation, call
 
 
 @dataclass

@@ -46,15 +46,17 @@ KNOWN = {
 MARKER = "case-env-model.json"
 # The published SmolLM2-Instruct tokenizer's special tokens (docs/sources.md, SmolLM2).
 TURN_TOKENS = {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "pad_token": "<|im_end|>"}
-# How a reply in the template's form is read: text, then `<tool_call>` blocks holding JSON (the form of TRL's
-# schema for Qwen's templates, docs/sources.md, SmolLM2).
+# How a reply in case-env's templates' form is read: an optional `<think>` block, text, then `<tool_call>`
+# blocks holding JSON (the form of TRL's schema for Qwen's templates, docs/sources.md, SmolLM2).
 RESPONSE_SCHEMA = {
-    "x-regex": r"^(?P<content>(?:(?!<tool_call>)[\s\S])*?)(?:\n(?=<tool_call>))?(?=(?:<tool_call>|<\|im_end\|>|$))"
+    "x-regex": r"^(?:<think>\n?(?:(?P<reasoning_content>.*?\S.*?)\n?|[\s]*)</think>\s*)?"
+    r"(?P<content>(?:(?!<tool_call>)[\s\S])*?)(?:\n(?=<tool_call>))?(?=(?:<tool_call>|<\|im_end\|>|$))"
     r"(?P<tool_calls>(?:<tool_call>(?:(?!</tool_call>)[\s\S])+</tool_call>\s*)+)?\s*(?:<\|im_end\|>|$)",
     "type": "object",
     "properties": {
         "role": {"const": "assistant"},
         "content": {"type": "string"},
+        "reasoning_content": {"type": "string"},
         "tool_calls": {
             "type": "array",
             "x-regex-iterator": r"<tool_call>\s*(.+?)\s*</tool_call>",
@@ -141,7 +143,9 @@ def _gguf_file(known: KnownModel) -> Path:
 def _convert(gguf: Path, out: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging
 
+    logging.disable_progress_bar()  # a one-off conversion, not worth a screen of bars
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     ids = {key: tokenizer.convert_tokens_to_ids(token) for key, token in TURN_TOKENS.items()}

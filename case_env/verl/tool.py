@@ -29,7 +29,6 @@ import asyncio
 import functools
 import io
 import re
-import time
 import weakref
 from typing import Any
 from uuid import uuid4
@@ -39,6 +38,7 @@ from pydantic import TypeAdapter
 from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
+from case_env.core import episode as episodes
 from case_env.core import registry
 from case_env.core.calls import FIELD, ExecutedCall
 from case_env.core.client import Reply, RetryPolicy, ToolClient
@@ -104,30 +104,16 @@ class CaseTool(BaseTool):
         episode = episode_id(agent_data, instance_id)
         row = self._rows.get(instance_id) or {}
         calls = agent_data.extra_fields.setdefault(FIELD, []) if agent_data is not None else []
-        started = time.monotonic()
         env = self.environment
         if not row.get("patient_id"):
-            reply = Reply("no_patient", 0, infra_error=True)
+            call = ExecutedCall(self.name, dict(parameters), "no_patient", infra_error=True)
             response = ToolResponse(text="Error: no patient is bound to this trajectory.")
         else:
-            body = {"episode_id": episode, "patient_id": row["patient_id"], "arguments": parameters}
-            context = None
-            if env is not None and env.context_model is not None:
-                context = env.episode_context(row, self._calls_so_far(agent_data, calls))
-            if context is not None:
-                body["context"] = context
-            reply = await self._client().call(self.name, body)
+            so_far = self._calls_so_far(agent_data, calls) if env is not None and env.context_model else []
+            reply, call = await episodes.call(
+                self._client(), env, episode, row, self.name, parameters, so_far
+            )
             response = _tool_response(reply, self.images)
-        remember = env is not None and self.name in env.tools and env.tools[self.name].remember
-        call = ExecutedCall(
-            self.name,
-            dict(parameters),
-            reply.status,
-            reply.infra_error,
-            reply.attempts,
-            round((time.monotonic() - started) * 1000, 1),
-            reply.text if remember else None,
-        )
         calls.append(call.record())
         metrics = {k: v for k, v in call.record().items() if k not in ("arguments", "text")}
         return response, 0.0, metrics

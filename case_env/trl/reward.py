@@ -1,0 +1,61 @@
+"""The reward of a TRL rollout: case-env's reward for the row, the function verl is configured with.
+
+verl scores the response as it decodes it (the model's turns and the tool turns between them, special tokens
+skipped) with the calls that ran in `extra_info`; TRL's completion ids hold the same turns (its tool loop
+appends the template's tool turns), and the environment holds the calls, so the reward reads the same text
+and the same calls. The reward's components (accuracy, format, calls) are logged as metrics beside it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from case_env.core.calls import FIELD
+from case_env.reward import compute_score
+
+
+def case_env_reward(tokenizer: Any):
+    """A TRL reward function (async: TRL awaits it on its event loop) over the rollouts' environments."""
+
+    async def case_env(
+        prompts: list,
+        completions: list,
+        completion_ids: list[list[int]],
+        environments: list,
+        data_source: list[str],
+        ground_truth: list[str],
+        extra_info: list[str],
+        log_metric: Any = None,
+        **_: Any,
+    ) -> list[float]:
+        texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
+        scored = await asyncio.gather(
+            *[
+                compute_score(
+                    source, text, truth, {**json.loads(extra), FIELD: [c.record() for c in env.calls]}
+                )
+                for source, text, truth, extra, env in zip(
+                    data_source, texts, ground_truth, extra_info, environments, strict=True
+                )
+            ]
+        )
+        if log_metric is not None:
+            for name, value in metrics(scored, environments).items():
+                log_metric(name, value)
+        return [float(s["score"]) for s in scored]
+
+    return case_env
+
+
+def metrics(scored: list[dict], environments: list) -> dict[str, float]:
+    """Means over a batch's rollouts: the reward's accuracy and format, the calls made and accepted."""
+    n = max(len(scored), 1)
+    calls = [c for env in environments for c in env.calls]
+    return {
+        "case_env/acc": sum(float(s["acc"]) for s in scored) / n,
+        "case_env/format_ok": sum(bool(s["format_ok"]) for s in scored) / n,
+        "case_env/tool_calls": len(calls) / n,
+        "case_env/calls_ok": sum(c.ok for c in calls) / n,
+    }
