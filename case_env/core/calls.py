@@ -96,6 +96,10 @@ def decoded(value: Any) -> Any:
         raise ValueError("a string that is not JSON (an object, or its JSON text, is expected)") from None
 
 
+# a trajectory's calls a reward reads at most: verl's loops make one or a few per turn, a few dozen turns
+MAX_SCORED_CALLS = 1024
+
+
 class ScoreExtra(BaseModel):
     """The part of a row's `extra_info` every reward may read: its environment and the episode's executed
     calls. An environment's reward that reads more subclasses it (`Environment.score_extra`); a row that does
@@ -104,7 +108,7 @@ class ScoreExtra(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     env: str | None = None
-    case_env_tool_calls: list[RecordedCall] | None = None
+    case_env_tool_calls: list[RecordedCall] | None = Field(None, max_length=MAX_SCORED_CALLS)
 
 
 def _convert(value: str, kind: str | None) -> Any:

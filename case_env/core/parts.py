@@ -349,6 +349,9 @@ class Judged:
     with a judge configured gets verl's rate-limited reward manager (concurrency, requests and tokens per
     minute), which awaits the coroutine reward."""
 
+    # the CASE_ENV_* setting that runs its reward without a judge, said out loud (preflight names it)
+    rule_graded: ClassVar[str] = ""
+
     def asks_judge(self, settings: Mapping[str, str]) -> bool:
         """Whether its reward asks the judge under the workers' `CASE_ENV_*` settings (a weight that turns
         the judged part on, say)."""

@@ -43,6 +43,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 from pydantic.fields import FieldInfo
 
+from case_env.core.control import excerpt
+
 
 class ErrorCode(StrEnum):
     """Why a call failed. Model faults come back as `ok: false` text; service faults as HTTP statuses. An
@@ -196,6 +198,9 @@ def function_parameters(name: str, model: type[BaseModel]) -> dict:
     return {"type": "object", "properties": properties, "required": list(schema.get("required", []))}
 
 
+MAX_PROBLEMS = 8  # a message a model reads: the first few problems name what to fix
+
+
 def describe_invalid(exc: ValidationError, spec: ToolSpec) -> str:
     """One line a model can act on, naming the valid values."""
     valid_args = ", ".join(spec.args.model_fields) or "none"
@@ -205,20 +210,20 @@ def describe_invalid(exc: ValidationError, spec: ToolSpec) -> str:
         kind = error["type"]
         prop = spec.parameters["properties"].get(where, {})
         if kind == "missing":
-            problems.append(f"missing argument {where!r}")
+            problems.append(f"missing argument {excerpt(where)}")
         elif kind == "extra_forbidden":
-            problems.append(f"unknown argument {where!r} (valid arguments: {valid_args})")
+            problems.append(f"unknown argument {excerpt(where)} (valid arguments: {valid_args})")
         elif kind == "enum" or "enum" in prop:
             problems.append(
-                f"{where} must be one of {', '.join(prop.get('enum', []))}, not {error.get('input')!r}"
+                f"{where} must be one of {', '.join(prop.get('enum', []))}, not {excerpt(error.get('input'))}"
             )
         elif kind in ("greater_than_equal", "less_than_equal", "greater_than", "less_than"):
             problems.append(f"{where} is out of range: {error['msg'].lower()}")
         elif kind in ("model_type", "dict_type"):
             problems.append(f"arguments must be a JSON object with keys {valid_args}")
         else:
-            problems.append(f"{where}: {error['msg'].lower()}")
-    return f"invalid arguments for {spec.name}: " + "; ".join(problems)
+            problems.append(f"{excerpt(where)}: {error['msg'].lower()}")
+    return f"invalid arguments for {spec.name}: " + "; ".join(problems[:MAX_PROBLEMS])
 
 
 def tool_spec(

@@ -192,8 +192,8 @@ class Engine:
 
     def submit(self, prompt_ids: list[int], sampling: Sampling, key: str | None = None) -> Future:
         """A completion of `prompt_ids`; `key` names the episode whose earlier turns' cache may be reused."""
-        if not prompt_ids:
-            raise ValueError("an empty prompt: the model needs at least one token to continue")
+        if not prompt_ids or not all(isinstance(t, int) for t in prompt_ids):
+            raise ValueError("a prompt is a non-empty list of token ids (ints)")
         if len(prompt_ids) >= self.max_length:
             raise ValueError(
                 f"a prompt of {len(prompt_ids)} tokens leaves no room in the model's {self.max_length}"

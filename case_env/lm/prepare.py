@@ -10,8 +10,10 @@ so TRL reads the tool calls it writes.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import importlib.util
+import io
 import json
 import shutil
 import tempfile
@@ -146,8 +148,9 @@ def _convert(gguf: Path, out: Path) -> None:
     from transformers.utils import logging
 
     logging.disable_progress_bar()  # a one-off conversion, not worth a screen of bars
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    with contextlib.redirect_stderr(io.StringIO()):  # the GGUF reader's own bar ignores the setting
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     ids = {key: tokenizer.convert_tokens_to_ids(token) for key, token in TURN_TOKENS.items()}
     config = loaded.config
     config.bos_token_id, config.eos_token_id, config.pad_token_id = (

@@ -20,6 +20,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from case_env.core.control import excerpt
+
 MAX_EXAM_SCORE = 6  # the highest cost + discomfort of one exam (MedExAgent `_MAX_EXAM_SCORE`)
 DEFAULT_TIERS = (2, 2)  # an exam without an EXAM_COST entry (MedExAgent `EXAM_COST.get(name, (2, 2))`)
 TIERS = {1: "low", 2: "medium", 3: "high"}
@@ -372,7 +374,7 @@ def exam_call(name: str, params: dict[str, object | None]) -> ExamCall:
     name = _normal(name)
     exam = EXAMS.get(name)
     if exam is None:
-        raise ExamError(f"unknown exam {name!r}")
+        raise ExamError(f"unknown exam {excerpt(name)}")
     given = {k: _normal(v) for k, v in params.items() if v is not None and _normal(v) != ""}
     extra = sorted(set(given) - set(exam.parameters))
     if extra:
@@ -386,7 +388,7 @@ def exam_call(name: str, params: dict[str, object | None]) -> ExamCall:
     for parameter, value in given.items():
         allowed = exam.allowed(parameter)
         if allowed is not None and value not in allowed:
-            raise ExamError(f"{name} {parameter} must be one of {', '.join(allowed)}, not {value!r}")
+            raise ExamError(f"{name} {parameter} must be one of {', '.join(allowed)}, not {excerpt(value)}")
         if allowed is None and len(value) > FREE_TEXT_MAX:
             raise ExamError(f"{name} {parameter} is longer than {FREE_TEXT_MAX} characters")
     return ExamCall(name, tuple(sorted(given.items())))
@@ -450,16 +452,16 @@ def loaded_exam(spelled: str, findings: str) -> tuple[RecordedExam, list[str]]:
     name = _normal(name)
     exam = EXAMS.get(name)
     if exam is None:
-        raise ExamError(f"unknown exam {name!r}")
+        raise ExamError(f"unknown exam {excerpt(name)}")
     notes, params = [], {}
     for parameter, value in arguments.items():
         if parameter not in exam.parameters:
             notes.append(f"{name} does not take {parameter}; kept as written")
         folded = fold_value(name, parameter, value)
         if folded is not None and folded != _normal(value):
-            notes.append(f"{name} {parameter} {value!r} read as {folded!r}")
+            notes.append(f"{name} {parameter} {excerpt(value)} read as {folded!r}")
         elif folded is None and exam.allowed(parameter) is not None:
-            notes.append(f"{name} {parameter} {value!r} is not an allowed value; kept as written")
+            notes.append(f"{name} {parameter} {excerpt(value)} is not an allowed value; kept as written")
         params[parameter] = folded or _normal(value)
     notes += [f"{name} lacks its required {p}; kept without it" for p in exam.required if p not in params]
     return RecordedExam(ExamCall(name, tuple(sorted(params.items()))), findings, spelled.strip()), notes

@@ -52,9 +52,13 @@ def presented_bearer(authorization: bytes | None, token: str) -> bool:
     return scheme.lower() == "bearer" and presented_matches(presented, token)
 
 
+OPEN = "/healthz"  # the one path a server with a token answers without it (a liveness probe)
+
+
 def guarded(path: str) -> bool:
-    """The paths that take the token: every /v1 route and /metrics."""
-    return path.startswith("/v1/") or path in ("/v1", "/metrics")
+    """The paths that take the token, when one is set: all but the liveness probe. Readiness (which counts
+    cases), the OpenAPI document and its pages say too much about an exposed server to answer anyone."""
+    return path != OPEN
 
 
 _UNAUTHORIZED = json.dumps(
@@ -72,7 +76,7 @@ class TokenGate:
         if scope["type"] == "http" and guarded(scope["path"]):
             state = scope["app"].state.server
             token = state.settings.token
-            authorization = dict(scope["headers"]).get(b"authorization")
+            authorization = next((v for k, v in scope["headers"] if k == b"authorization"), None)
             if token is not None and not presented_bearer(authorization, token.get_secret_value()):
                 state.audit.refusal(scope["method"], scope["path"], ErrorCode.UNAUTHORIZED.value, 401)
                 headers = [

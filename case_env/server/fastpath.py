@@ -12,6 +12,10 @@ oversized body, a malformed one, another route, any call while FastAPI's telemet
 full stack untouched, body included, which answers as it always has: refusals keep one implementation, and
 the route stays in /openapi.json as the documented contract. An unexpected failure answers the JSON 500
 the stack's handler gives, never a trace.
+
+Before either, every request's headers are bounded (`MAX_HEADERS`, `MAX_HEADER_BYTES`: 431) and a request
+with two `Authorization` headers is refused (400): readers that take the first and readers that take the
+last would otherwise disagree about who is calling.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ log = logging.getLogger("case_env.server")
 
 PREFIX = "/v1/tools/"
 MAX_NAME = 64
+MAX_HEADERS = 64  # a client sends about ten
+MAX_HEADER_BYTES = 16 * 1024  # names and values together, as h11 bounds a head
 _JSON_TYPES = (b"application/json",)
 _INTERNAL = error_response(ErrorCode.INTERNAL, INTERNAL_MESSAGE, status=500).body
 
@@ -45,10 +51,18 @@ class ToolServer(FastAPI):
     serving: ServerState | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"].startswith(PREFIX):
-            receive = await self._fast(scope, receive, send)
-            if receive is None:
+        if scope["type"] == "http":
+            refusal = header_refusal(scope["headers"])
+            if refusal is not None:
+                if self.serving is not None:  # a refused tool call is still a call: it gets its audit line
+                    code = ErrorCode.INVALID_REQUEST.value
+                    self.serving.audit.refusal(scope["method"], scope["path"], code, refusal.status_code)
+                await refusal(scope, receive, send)
                 return
+            if scope["method"] == "POST" and scope["path"].startswith(PREFIX):
+                receive = await self._fast(scope, receive, send)
+                if receive is None:
+                    return
         await super().__call__(scope, receive, send)
 
     async def _fast(self, scope: Scope, receive: Receive, send: Send) -> Receive | None:
@@ -89,6 +103,24 @@ class ToolServer(FastAPI):
         await send({"type": "http.response.start", "status": status, "headers": response})
         await send({"type": "http.response.body", "body": payload})
         return None
+
+
+def header_refusal(headers: list[tuple[bytes, bytes]]):
+    """The response refusing a request whose headers are too many, too large, or name two callers; None
+    for any other."""
+    size = callers = 0
+    for name, value in headers:
+        size += len(name) + len(value)
+        callers += name == b"authorization"
+    if len(headers) > MAX_HEADERS or size > MAX_HEADER_BYTES:
+        message = (
+            f"request headers too large: at most {MAX_HEADERS} headers and {MAX_HEADER_BYTES} bytes are read"
+        )
+        return error_response(ErrorCode.INVALID_REQUEST, message, status=431)
+    if callers > 1:
+        message = "more than one Authorization header: send the bearer token once"
+        return error_response(ErrorCode.INVALID_REQUEST, message, status=400)
+    return None
 
 
 def _plain_name(name: str) -> bool:

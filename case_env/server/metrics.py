@@ -88,6 +88,11 @@ class Metrics:
             multiprocess_mode="livesum",
             **kw,
         )
+        self.audit_failures = Counter(
+            "case_env_audit_write_failures",
+            "Audit lines that could not be written (the worker stops answering calls until it restarts).",
+            **kw,
+        )
         self.episodes_live = Gauge(
             "case_env_episodes_live", "Episodes remembered.", multiprocess_mode="max", **kw
         )

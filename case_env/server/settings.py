@@ -77,8 +77,11 @@ class ServerSettings(BaseSettings):
     )
     episode_db: Path | None = Field(
         None,
-        description="SQLite file shared by workers for episodes; default in memory (one worker) or a "
-        "temporary file (several workers).",
+        description="SQLite file shared by workers for episodes (their patient bindings and calls). `case-env "
+        "serve` defaults to <cache dir>/episodes/<host>-<port>.sqlite, so a restart keeps every episode's scope; "
+        "an app built in process without one keeps them in memory. Calls reach the file at the next quarter-"
+        "second tick, those of a tool whose environment reads the log back (an attempt budget) before they "
+        "are answered.",
     )
     replay_dir: Path | None = Field(
         None,
@@ -109,5 +112,8 @@ class ServerSettings(BaseSettings):
 
     max_body_bytes: int = Field(65536, ge=1024, description="Larger request bodies are refused with 413.")
     max_score_body_bytes: int = Field(
-        4 * 2**20, ge=1024, description="Body limit of POST /v1/score, which carries a whole trajectory."
+        2 * 2**20,
+        ge=1024,
+        description="Body limit of POST /v1/score, which carries a whole trajectory (200,000 characters of "
+        "response at most, escaped for JSON).",
     )

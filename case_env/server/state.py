@@ -111,7 +111,13 @@ class ServerState:
             self._readiness = (now + 1.0, self._check_readiness())
         return self._readiness[1]
 
+    def not_ready(self, reason: str) -> None:
+        """Not ready from now on, without waiting for the next probe."""
+        self._readiness = (float("inf"), (False, reason))
+
     def _check_readiness(self) -> tuple[bool, str | None]:
+        if self.audit.failed is not None:
+            return False, self.audit.failed
         if self.replay is not None:
             return (True, None) if self.replay.entries else (False, "the replay set holds no recorded calls")
         # an environment may hold cases from elsewhere (a text environment's case files): the data root

@@ -16,6 +16,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,7 +77,7 @@ def template_problems(
     tail = final_segment(episode.response)
     if TOOL_OUTPUT in tail or episode.final.splitlines()[-1] not in tail:
         problems.append("leaves the reward reading tool output as the model's answer")
-    if files.processor is not None and episode.image_pads == 0:
+    if episode.image_sent and episode.image_pads == 0:
         problems.append("drops the tool's image (no image placeholder reached the model)")
     return problems
 
@@ -107,7 +108,11 @@ def chat_template(
             "--chat-template shipped (case-env's for Qwen2.5-VL, Qwen3-VL, Qwen3) or --chat-template FILE "
             f"with a template that renders tools and <tool_response> blocks in the {form} form",
         )
-    image = ", the tool's image reaches the model" if files.processor is not None else ""
+    image = (
+        ", the tool's image reaches the model"
+        if files.processor is not None and any(_draws_any(item, schemas) for item in rows.values())
+        else ""
+    )
     return Check(
         name,
         PASS,
@@ -116,30 +121,58 @@ def chat_template(
     )
 
 
-def prompt_lengths(files: ModelFiles | None, config: Any, datasets: dict[str, Any]) -> Check:
+def _draws_any(item: dict, schemas: list[dict]) -> bool:
+    from case_env.verl.rehearsal import draws
+
+    return any(draws(s) for s in offered_tools(item, schemas))
+
+
+@dataclass
+class Measured:
+    """Every row's prompt length as the rollout renders it, by split: (data source, tokens or the error)."""
+
+    rows: dict[str, list[tuple[str, int | str]]]
+
+    @classmethod
+    def of(cls, datasets: dict[str, Any]) -> Measured:
+        rows: dict[str, list[tuple[str, int | str]]] = {}
+        for split, dataset in datasets.items():
+            rows[split] = []
+            for index, row in enumerate(dataset.raw_rows()):
+                try:
+                    rows[split].append((row["data_source"], dataset.prompt_tokens(row)))
+                except Exception as exc:
+                    rows[split].append(
+                        (row["data_source"], f"{split} row {index}: {type(exc).__name__}: {exc}")
+                    )
+        return cls(rows)
+
+    def fitting(self, split: str, limit: int) -> int:
+        """Rows of `split` that verl's length filter keeps."""
+        return sum(isinstance(t, int) and t <= limit for _, t in self.rows[split])
+
+
+def prompt_lengths(config: Any, measured: Measured | None) -> Check:
     """Every row of the banks measured as the rollout renders it (CaseRLHFDataset.prompt_tokens)."""
     name = "prompt lengths"
     limit = int(config.data.max_prompt_length)
-    if files is None:
+    if measured is None:
         return Check(
             name, UNVERIFIED, "needs the model's tokenizer on this machine", "download the model first"
         )
     over: dict[str, list[int]] = defaultdict(list)
     counts: dict[str, int] = defaultdict(int)
     longest, errors = 0, []
-    for split, dataset in datasets.items():
-        for index, row in enumerate(dataset.raw_rows()):
-            source = row["data_source"]
+    for rows in measured.rows.values():
+        for source, tokens in rows:
             counts[source] += 1
-            try:
-                tokens = dataset.prompt_tokens(row)
-            except Exception as exc:
-                errors.append(f"{split} row {index}: {type(exc).__name__}: {exc}")
+            if isinstance(tokens, str):
+                errors.append(tokens)
                 continue
             longest = max(longest, tokens)
             if tokens > limit:
                 over[source].append(tokens)
-    rows = sum(counts.values())
+    total = sum(counts.values())
     if errors:
         more = f" ({len(errors) - 1} more)" if len(errors) > 1 else ""
         return Check(
@@ -157,7 +190,7 @@ def prompt_lengths(files: ModelFiles | None, config: Any, datasets: dict[str, An
     return Check(
         name,
         PASS,
-        f"all {rows:,} rows of {' and '.join(datasets)} fit {limit:,} tokens with their own tools "
+        f"all {total:,} rows of {' and '.join(measured.rows)} fit {limit:,} tokens as their loops render them "
         f"(longest {longest:,}; {len(counts)} data source{'s' if len(counts) > 1 else ''})",
     )
 
@@ -210,7 +243,18 @@ def _schema(schema: dict) -> dict:
 def nodes(reports: list[NodeReport] | None, url: str, wanted: int, env_vars: dict[str, str]) -> Check:
     name = "server from every node"
     token = "CASE_ENV_TOKEN" in env_vars or "CASE_ENV_TOKEN_FILE" in env_vars
+    loopback_fix = (
+        "--server-host 0.0.0.0 with CASE_ENV_TOKEN (the launcher's server, called at this node's "
+        "address), or --server-url http://<reachable host>:<port>"
+    )
     if reports is None:
+        if wanted > 1 and is_loopback(httpx.URL(url).host):  # knowable from the arguments alone
+            return Check(
+                name,
+                FAIL,
+                f"{url} is loopback, and the other {wanted - 1} node(s) would each call their own",
+                loopback_fix,
+            )
         return Check(name, SKIPPED, "a dry run starts nothing (no Ray, no server)")
     remote = [r for r in reports if not r.local]
     problems = []
@@ -221,8 +265,7 @@ def nodes(reports: list[NodeReport] | None, url: str, wanted: int, env_vars: dic
             name,
             FAIL,
             f"{url} is loopback, and {len(remote)} other node(s) would each call their own",
-            "--server-host 0.0.0.0 with CASE_ENV_TOKEN (the launcher's server, called at this node's "
-            "address), or --server-url http://<reachable host>:<port>",
+            loopback_fix,
         )
     for report in reports:
         where = f"node {report.address} ({report.node_id[:8]})"
@@ -257,13 +300,84 @@ def nodes(reports: list[NodeReport] | None, url: str, wanted: int, env_vars: dic
     )
 
 
+def steps_per_epoch(config: Any, train_rows: int) -> int:
+    """As verl counts them: its training loader drops the last partial batch (`drop_last=True`,
+    trainer/ppo/ray_trainer.py)."""
+    return train_rows // int(config.data.train_batch_size)
+
+
+def padded_batch(config: Any) -> tuple[int, int, int]:
+    """(sequences of a step, what verl pads them to, sequences per mini-batch): the V1 trainer pads a step's
+    batch to a multiple of lcm(data-parallel size, the actor's mini-batch in sequences)
+    (`_get_required_batch_multiple`, trainer/ppo/v1/trainer_base.py)."""
+    n = int(config.actor_rollout_ref.rollout.n)
+    sequences = int(config.data.train_batch_size) * n
+    mini = int(config.actor_rollout_ref.actor.ppo_mini_batch_size) * n
+    world = int(config.trainer.n_gpus_per_node) * int(config.trainer.nnodes)
+    multiple = math.lcm(world, mini)
+    return sequences, -(-sequences // multiple) * multiple, mini
+
+
+def batches(config: Any, train_rows: int, fitting: str = "") -> Check:
+    """What a step is: steps per epoch as verl counts them (none is a run that trains nothing), and the
+    updates of a step (a batch verl must pad makes more updates of fewer real sequences)."""
+    name = "batches"
+    batch, epochs = int(config.data.train_batch_size), int(config.trainer.total_epochs)
+    per_epoch = steps_per_epoch(config, train_rows)
+    if per_epoch == 0:
+        return Check(
+            name,
+            FAIL,
+            f"{train_rows} training rows{fitting} make no full batch of {batch}: verl drops the last partial "
+            "batch, so the run would take no step",
+            f"--batch-size {max(1, train_rows)} or fewer, or a larger bank",
+        )
+    sequences, padded, mini = padded_batch(config)
+    world = int(config.trainer.n_gpus_per_node) * int(config.trainer.nnodes)
+    if padded != sequences:
+        return Check(
+            name,
+            FAIL,
+            f"a step's {sequences} sequences are padded to {padded} ({padded - sequences} dummies) to share over "
+            f"{world} GPUs in mini-batches of {mini}: {padded // mini} updates of about {sequences * mini // padded} "
+            f"real sequences instead of {sequences // mini}",
+            "sizes that divide: " + ", ".join(_dividing(config, world)),
+        )
+    return Check(
+        name,
+        PASS,
+        f"{train_rows} training rows{fitting}: {per_epoch} steps per epoch x {epochs} epoch(s); each step "
+        f"{sequences} sequences in {sequences // mini} updates of {mini} on {world} GPUs",
+    )
+
+
+def _dividing(config: Any, world: int) -> list[str]:
+    """Batch sizes near the run's, and student GPU counts, whose steps need no padding."""
+    n = int(config.actor_rollout_ref.rollout.n)
+    batch = int(config.data.train_batch_size)
+    ratio = batch // max(1, int(config.actor_rollout_ref.actor.ppo_mini_batch_size))  # updates per step
+
+    def fits(b: int, w: int) -> bool:
+        mini = max(1, b // ratio) * n
+        return b % ratio == 0 and (b * n) % math.lcm(w, mini) == 0
+
+    near = sorted(
+        (b for b in range(ratio, 4 * batch + 1, ratio) if fits(b, world)), key=lambda b: abs(b - batch)
+    )
+    gpus = [
+        w
+        for w in range(1, int(config.trainer.n_gpus_per_node) + 3)
+        if fits(batch, w * int(config.trainer.nnodes))
+    ]
+    found = [f"--batch-size {b}" for b in sorted(near[:2])]
+    found += [f"{w} student GPU(s) per node (--teacher-gpus to match)" for w in gpus[-1:]]
+    return found or ["--batch-size a multiple of the GPUs' count"]
+
+
 def checkpoints(config: Any, train_rows: int, allowed_off: bool) -> Check:
     name = "checkpoints"
     trainer = config.trainer
-    steps = (
-        trainer.total_training_steps
-        or math.ceil(train_rows / config.data.train_batch_size) * trainer.total_epochs
-    )
+    steps = trainer.total_training_steps or steps_per_epoch(config, train_rows) * trainer.total_epochs
     validation = (
         f"validation every {trainer.test_freq} steps"
         if trainer.test_freq > 0
@@ -432,3 +546,34 @@ def distillation(config: Any, train: Any) -> Check:
             "build the bank with case-env bank build (every environment writes teacher_insight), or --no-opsd",
         )
     return Check(name, PASS, detail)
+
+
+def judge(env: Any, env_vars: dict[str, str], live: bool) -> Check:
+    """A reward that asks a judge has one: without `CASE_ENV_JUDGE_URL` it would fall back to its rules on
+    every row, silently. Live, the judge is asked one question."""
+    from case_env.core.parts import Judged
+
+    name = "judge"
+    if not isinstance(env, Judged) or not env.asks_judge(env_vars):
+        return Check(name, PASS, f"the {env.title} reward asks no judge under this run's settings")
+    url = env_vars.get("CASE_ENV_JUDGE_URL")
+    if not url:
+        rules = f", or run it rule-graded: {env.rule_graded}" if env.rule_graded else ""
+        return Check(
+            name,
+            FAIL,
+            f"the {env.title} reward is graded by a judge under this run's settings, and CASE_ENV_JUDGE_URL is "
+            "unset: its rules would grade every row instead, without a word",
+            f"CASE_ENV_JUDGE_URL=<an OpenAI-compatible server> (CASE_ENV_JUDGE_MODEL its model){rules}",
+        )
+    if not live:
+        return Check(name, SKIPPED, f"a dry run asks no judge ({url})")
+    from case_env.core.llm import default_judge
+
+    started = time.monotonic()
+    reply = default_judge().complete([{"role": "user", "content": "Reply with the word ready."}], fresh=True)
+    if reply is None:
+        return Check(
+            name, FAIL, f"the judge at {url} did not answer", "start it, or check CASE_ENV_JUDGE_URL"
+        )
+    return Check(name, PASS, f"the judge at {url} answered in {(time.monotonic() - started) * 1000:.0f} ms")

@@ -9,18 +9,24 @@ verl's prompt-length filter (`filter_overlong_prompts`) renders every prompt wit
 YAML, while `ToolAgentLoop` offers a row only its `extra_info.tool_selection`, in that order
 (verl/utils/dataset/rl_dataset.py, experimental/agent_loop/tool_agent_loop.py; docs/sources.md, verl 0.9.1).
 A MedExAgent-style row offers 9 of 69 tools, so verl measured 31,432 characters where the rollout renders 7,581, and
-dropped every row of the bank at a 4,096-token limit. Here each row is measured with the tools the rollout
-offers it; the rendering is otherwise verl's. Select it with
+dropped every row of the bank at a 4,096-token limit. Here each row is measured as its agent loop renders
+it: with the tools the rollout offers it, or none for a loop that renders no tool block (`RENDERS_TOOLS`
+false: MedExAgent's); the rendering is otherwise verl's. Select it with
 `data.custom_cls.path=<this file> data.custom_cls.name=CaseRLHFDataset`.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
 import json
 from typing import Any
 
 from verl.utils.dataset.rl_dataset import RLHFDataset
 from verl.utils.tokenizer import build_multimodal_processor_inputs, normalize_token_ids
+
+from case_env.core import registry
+from case_env.core.parts import AgentLoops
 
 
 class _DecodedRows:
@@ -58,6 +64,23 @@ def offered_tools(row: dict, schemas: list[dict]) -> list[dict]:
     return [by_name[name] for name in selection if name in by_name]
 
 
+@functools.cache
+def loop_class(agent_name: str) -> type:
+    """The agent loop a row names: an environment's own (`AgentLoops`), else verl's `ToolAgentLoop`."""
+    from verl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop
+
+    for env in registry.environments().values():
+        if isinstance(env, AgentLoops) and agent_name in env.agent_loops:
+            module, _, name = env.agent_loops[agent_name].rpartition(".")
+            return getattr(importlib.import_module(module), name)
+    return ToolAgentLoop
+
+
+def renders_tools(row: dict) -> bool:
+    """Whether the row's agent loop renders a tool block into its prompt (as it is built by the launcher)."""
+    return bool(getattr(loop_class(str(row.get("agent_name") or "tool_agent")), "RENDERS_TOOLS", True))
+
+
 class CaseRLHFDataset(RLHFDataset):
     def _read_files_and_tokenize(self) -> None:
         super()._read_files_and_tokenize()
@@ -69,8 +92,10 @@ class CaseRLHFDataset(RLHFDataset):
         return dataframe._dataframe if isinstance(dataframe, _DecodedRows) else dataframe
 
     def offered_tools(self, row: dict) -> list[dict] | None:
-        """The tool schemas the rollout renders this row's prompt with (None: the YAML has no tools)."""
-        return None if self.tool_schemas is None else offered_tools(row, self.tool_schemas)
+        """The tool schemas the rollout renders this row's prompt with (None: no tool block)."""
+        if self.tool_schemas is None or not renders_tools(row):
+            return None
+        return offered_tools(row, self.tool_schemas)
 
     def prompt_tokens(self, row: dict) -> int:
         """The row's prompt length in tokens, rendered as RLHFDataset renders it, with the row's own tools."""

@@ -119,7 +119,9 @@ def parse(argv: list[str], prog: str = "scripts/train_grpo.sh") -> tuple[argpars
         "--rollout",
         default=None,
         choices=["vllm", "sglang"],
-        help="Inference engine; " + ", ".join(f"{n} {r.rollout}" for n, r in known.items()) + ".",
+        help="Inference engine; default the recipe's ("
+        + ", ".join(f"{n} {r.rollout}" for n, r in known.items())
+        + ") when installed, else the installed one.",
     )
     parser.add_argument(
         "--tool-config",
@@ -213,7 +215,7 @@ def parse(argv: list[str], prog: str = "scripts/train_grpo.sh") -> tuple[argpars
     group, epochs, engine = recipe.group_size, recipe.epochs, recipe.rollout
     args.group_size = args.group_size or group
     args.epochs = args.epochs or epochs
-    args.rollout = args.rollout or engine
+    args.rollout = args.rollout or installed_engine(engine)
     args.opsd = recipe.opsd if args.opsd is None else args.opsd
     args.teacher_model = args.teacher_model or args.model
     args.experiment = args.experiment or f"case-env-{args.recipe}"
@@ -221,6 +223,20 @@ def parse(argv: list[str], prog: str = "scripts/train_grpo.sh") -> tuple[argpars
         args.checkpoint_dir or Path("checkpoints") / "case-env" / args.experiment
     ).resolve()
     return args, extra
+
+
+ENGINES = ("vllm", "sglang")
+
+
+def installed_engine(preferred: str) -> str:
+    """The recipe's inference engine when it is installed here, else the other one that is (a venv of `make
+    train-env` holds one of them), else the recipe's (a CPU machine composing a run)."""
+    import importlib.util
+
+    for engine in (preferred, *(e for e in ENGINES if e != preferred)):
+        if importlib.util.find_spec(engine) is not None:
+            return engine
+    return preferred
 
 
 def hydra_value(value: str) -> str:

@@ -26,6 +26,7 @@ CALLER: ContextVar[Any] = ContextVar("case_env_caller", default=None)
 
 @dataclass(frozen=True)
 class GeneratedTurn:
+    request_id: str  # verl's, which CaseTool makes the episode id
     prompt_tokens: int
     token_ids: list[int]
     finish: str
@@ -63,7 +64,7 @@ class LocalServer:
         sampling = self.sampling(sampling_params, len(prompt))
         done: Completion = await self.engine.agenerate(prompt, sampling, key=request_id)
         caller = CALLER.get()
-        turn = GeneratedTurn(len(prompt), done.token_ids, done.finish, done.cached_tokens)
+        turn = GeneratedTurn(request_id, len(prompt), done.token_ids, done.finish, done.cached_tokens)
         self.turns[request_id if caller is None else caller].append(turn)
         return TokenOutput(token_ids=done.token_ids, log_probs=done.logprobs, stop_reason="completed")
 

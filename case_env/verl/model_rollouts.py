@@ -11,11 +11,11 @@ model gets its tools' text only (`CASE_ENV_TOOL_IMAGES=false`). `--out` keeps ev
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from case_env.core import registry
 from case_env.core.calls import FIELD
@@ -51,6 +51,54 @@ class ModelRun:
     form: str = "hermes"
 
 
+@dataclass
+class Rollouts:
+    """A model's rollouts: verl's outputs and rewards, each row's turns as verl's parser reads them, the
+    figures per data source."""
+
+    played: list[Played]
+    turns: dict[int, list[dict]]
+    summary: dict[str, SourceSummary]
+
+
+def play_model(parquet: Path, per_source: int, concurrency: int, run: ModelRun, engine: Engine) -> Rollouts:
+    """The first `per_source` rows of each data source, played by the model through their agent loops."""
+    items = load_rows(parquet, per_source, engine.tokenizer)
+    with _text_only():  # the model reads text only; verl would raise on an image
+        tools = load_tools(bank_env(items, parquet))
+    server = LocalServer(engine, prompt_length=16384, response_length=run.response_length)
+    config = loop_config(max_turns=run.max_turns, response_length=run.response_length, form=run.form)
+    sampling = {"temperature": run.temperature, "top_p": run.top_p, "top_k": -1, "repetition_penalty": 1.0}
+    if run.temperature > 0:
+        sampling["seed"] = run.seed
+    played = asyncio.run(
+        play_rows(items, tools, concurrency, run.form, model=server, config=config, sampling=sampling)
+    )
+    turns = asyncio.run(_parse_turns(server, played, tools, run.form))
+    summary = summarise(played)
+    for index, p in enumerate(played):
+        s = summary[p.item["data_source"]]
+        s.turns += len(turns[index])
+        s.call_turns += sum(t["calls"] > 0 for t in turns[index])
+        s.misparsed += sum(t["misparsed"] for t in turns[index])
+        s.tokens += sum(t["tokens"] for t in turns[index])
+    return Rollouts(played, turns, summary)
+
+
+@contextlib.contextmanager
+def _text_only():
+    """Tools loaded meanwhile leave images out of their answers (`CASE_ENV_TOOL_IMAGES`, read at load)."""
+    before = os.environ.get("CASE_ENV_TOOL_IMAGES")
+    os.environ["CASE_ENV_TOOL_IMAGES"] = "false"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("CASE_ENV_TOOL_IMAGES", None)
+        else:
+            os.environ["CASE_ENV_TOOL_IMAGES"] = before
+
+
 def run_model_rollouts(
     parquet: Path,
     server_url: str,
@@ -60,35 +108,19 @@ def run_model_rollouts(
     out: Path | None = None,
     engine: Engine | None = None,
 ) -> dict[str, SourceSummary]:
+    """`play_model`, with the environment's floors on the same rows, written to `out`."""
     os.environ["CASE_ENV_URL"] = server_url
-    os.environ["CASE_ENV_TOOL_IMAGES"] = "false"  # the model reads text only; verl would raise on an image
     engine = engine or Engine(resolve(run.model), max_batch=concurrency, seed=run.seed)
-    items = load_rows(parquet, per_source, engine.tokenizer)
+    done = play_model(parquet, per_source, concurrency, run, engine)
+    items = [p.item for p in done.played]
     env = registry.get(bank_env(items, parquet))
     tools = load_tools(env.name)
-    server = LocalServer(engine, prompt_length=16384, response_length=run.response_length, seed=None)
-    config = loop_config(max_turns=run.max_turns, response_length=run.response_length, form=run.form)
-    sampling = {"temperature": run.temperature, "top_p": run.top_p, "top_k": -1, "repetition_penalty": 1.0}
-    if run.temperature > 0:
-        sampling["seed"] = run.seed
-    played = asyncio.run(
-        play_rows(items, tools, concurrency, run.form, model=server, config=config, sampling=sampling)
-    )
-    parsed = asyncio.run(_parse_turns(server, played, tools, run.form))
-    summary = summarise(played)
-    for index, p in enumerate(played):
-        s = summary[p.item["data_source"]]
-        turns = parsed[index]
-        s.turns += len(turns)
-        s.call_turns += sum(t["calls"] > 0 for t in turns)
-        s.misparsed += sum(t["misparsed"] for t in turns)
-        s.tokens += sum(t["tokens"] for t in turns)
     for floor, accuracy in _floors(env, items, tools, concurrency, run.form, parquet.parent).items():
         for source, value in accuracy.items():
-            summary[source].floors[floor] = value
+            done.summary[source].floors[floor] = value
     if out is not None:
-        _write(out, run, summary, played, parsed, engine.tokenizer)
-    return summary
+        _write(out, run, done)
+    return done.summary
 
 
 async def _parse_turns(server: LocalServer, played: list[Played], tools: list, form: str) -> dict[int, list]:
@@ -106,6 +138,7 @@ async def _parse_turns(server: LocalServer, played: list[Played], tools: list, f
             _content, calls = await parser.extract_tool_calls(turn.token_ids, schemas)
             turns.append(
                 {
+                    "request_id": turn.request_id,
                     "text": text,
                     "tokens": len(turn.token_ids),
                     "finish": turn.finish,
@@ -139,23 +172,23 @@ def _floors(
     return result
 
 
-def _write(out: Path, run: ModelRun, summary, played: list[Played], parsed: dict, tokenizer: Any) -> None:
+def _write(out: Path, run: ModelRun, done: Rollouts) -> None:
     """rollouts.json (settings and figures) and turns.jsonl (every row: the model's turns, the calls as they
     ran, the reward, the failure)."""
     from dataclasses import asdict
 
     out.mkdir(parents=True, exist_ok=True)
-    figures = {"run": asdict(run), "sources": {k: asdict(v) for k, v in summary.items()}}
+    figures = {"run": asdict(run), "sources": {k: asdict(v) for k, v in done.summary.items()}}
     (out / "rollouts.json").write_text(json.dumps(figures, indent=2) + "\n", encoding="utf-8")
     with (out / "turns.jsonl").open("w", encoding="utf-8") as f:
-        for index, p in enumerate(played):
+        for index, p in enumerate(done.played):
             extra = p.item["extra_info"]
             record = {
                 "data_source": p.item["data_source"],
                 "case": extra.get("patient_id"),
                 "question": extra.get("question"),
                 "ground_truth": p.item["reward_model"]["ground_truth"],
-                "turns": parsed[index],
+                "turns": done.turns[index],
                 "calls": p.output.extra_fields.get(FIELD, []) if p.output is not None else [],
                 "reward": p.score.get("reward_extra_info", {}),
                 "error": p.error,

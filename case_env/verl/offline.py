@@ -9,7 +9,6 @@ this project.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from typing import Any
 
@@ -21,9 +20,7 @@ from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
 from verl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop
 from verl.workers.rollout.replica import TokenOutput
 
-from case_env.core import registry
-from case_env.core.parts import AgentLoops
-from case_env.verl.dataset import CaseRLHFDataset
+from case_env.verl.dataset import CaseRLHFDataset, loop_class
 from case_env.verl.model_files import NoVideo, allow_no_video
 
 SPECIAL_TOKENS = [
@@ -161,15 +158,6 @@ def loop_config(
             "data": {"apply_chat_template_kwargs": {}, "mm_processor_kwargs": {}},
         }
     )
-
-
-def loop_class(agent_name: str) -> type[ToolAgentLoop]:
-    """The agent loop a row names: an environment's own (`AgentLoops`), else verl's `tool_agent`."""
-    for env in registry.environments().values():
-        if isinstance(env, AgentLoops) and agent_name in env.agent_loops:
-            module, _, name = env.agent_loops[agent_name].rpartition(".")
-            return getattr(importlib.import_module(module), name)
-    return ToolAgentLoop
 
 
 def make_loop(

@@ -20,6 +20,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from case_env.core import registry
 from case_env.lm.chat_templates import family_for, template
 from case_env.verl import checks, launch, model_files
 from case_env.verl.checks import FAIL, Check
@@ -44,6 +45,7 @@ class Preflight:
         """Load the model's files when they are here, choose the chat template, compose and validate."""
         args = self.args
         self.env = launch.bank_env(args.data.resolve())
+        self.env_object = registry.get(self.env)
         directory = model_files.local_model_dir(args.model)
         self.files = model_files.load(directory) if directory is not None else None
         with checks.quiet():
@@ -127,11 +129,17 @@ class Preflight:
         """Every check; `live` ones call the running server and every node of the Ray cluster."""
         args, config = self.args, self.config
         plan = self.plan
+        measured = checks.Measured.of(self.datasets) if self.files is not None else None
+        train_rows = len(self.datasets["train"])
+        fitting = ""
+        if measured is not None:  # verl's length filter runs before its loader counts batches
+            train_rows = measured.fitting("train", int(config.data.max_prompt_length))
+            fitting = " fitting data.max_prompt_length"
         results = [
             checks.chat_template(
                 self.files, config, self.rows, self.schemas, plan.template_origin, args.model
             ),
-            checks.prompt_lengths(self.files, config, self.datasets),
+            checks.prompt_lengths(config, measured),
         ]
         token = launch.token(args)
         reports = None
@@ -141,11 +149,13 @@ class Preflight:
         else:
             results.append(Check("served tools", checks.SKIPPED, "a dry run starts and asks no server"))
         results.append(checks.nodes(reports, plan.worker_url, args.nodes, plan.env_vars))
-        results.append(checks.checkpoints(config, len(self.datasets["train"]), args.no_checkpoints))
+        results.append(checks.batches(config, train_rows, fitting))
+        results.append(checks.checkpoints(config, train_rows, args.no_checkpoints))
         results.append(checks.rollout_engine(config))
         results.append(checks.gpus(reports, args.gpus, args.nodes))
         results.append(checks.episode_ids(config))
         results.append(checks.distillation(config, self.datasets["train"]))
+        results.append(checks.judge(self.env_object, plan.env_vars, live))
         self.results = results
         return results
 

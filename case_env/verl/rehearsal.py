@@ -6,8 +6,9 @@ a tool block never shows the tools, and one that renders tool results without `<
 leaves the reward unable to tell tool output from the model's answer (docs/architecture.md, "The reward").
 `case-env train preflight` therefore plays a short episode exactly as verl will: the row's prompt and its
 offered tools rendered by verl's continuous-token builder for the model's type, a tool call written in the
-run's `multi_turn.format` and parsed by verl's parser, a tool answer (with an image for a VL model) spliced
-in by verl, a final answer, and the response decoded as verl's reward manager decodes it. The tools are
+run's `multi_turn.format` and parsed by verl's parser, a tool answer spliced in by verl (with an image when
+the model is a VL one and the tool draws images: a VL model's rehearsal calls a drawing tool when the row
+offers one), a final answer, and the response decoded as verl's reward manager decodes it. The tools are
 stand-ins with the bank's schemas that answer a marker text, so no server is needed.
 """
 
@@ -28,9 +29,9 @@ from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 from case_env.core import registry
 from case_env.core.calls import call_text
 from case_env.core.parts import dialogue_of
-from case_env.verl.dataset import CaseRLHFDataset
+from case_env.verl.dataset import CaseRLHFDataset, loop_class
 from case_env.verl.model_files import ModelFiles
-from case_env.verl.offline import ScriptedModel, loop_class
+from case_env.verl.offline import ScriptedModel
 
 TOOL_OUTPUT = "TOOL-OUTPUT-7f3a: the stand-in tool's answer"
 FINAL = "The evidence is in.\n<answer>B</answer>"
@@ -48,6 +49,7 @@ class Episode:
     executed: list[str] = field(default_factory=list)  # the stand-in tools that ran
     final: str = FINAL  # the final turn the rehearsal wrote
     renders_tools: bool = True  # the row's loop hands the tool schemas to the template
+    image_sent: bool = False  # the called tool answered with an image
 
 
 class StandIn(BaseTool):
@@ -88,12 +90,19 @@ def rehearse(files: ModelFiles, config: Any, item: dict, schemas: list[dict], of
     return asyncio.run(_rehearse(files, config, item, schemas, offered))
 
 
+def draws(schema: dict) -> bool:
+    """The tool answers with images (`ToolSpec.renders`)."""
+    name = schema["function"]["name"]
+    env = registry.for_tool(name)
+    return env is not None and env.tools[name].renders
+
+
 async def _rehearse(files: ModelFiles, config: Any, item: dict, schemas: list[dict], offered: list[dict]):
     executed: list[str] = []
     vision = files.processor is not None
     with contextlib.redirect_stdout(io.StringIO()):  # verl prints each tool schema as it builds a tool
-        tools = [StandIn(schema, vision, executed) for schema in schemas]
-    call = offered[0]
+        tools = [StandIn(schema, vision and draws(schema), executed) for schema in schemas]
+    call = next((s for s in offered if draws(s)), offered[0]) if vision else offered[0]
     form = config.actor_rollout_ref.rollout.multi_turn.format
     agent = str(item.get("agent_name") or "tool_agent")
     dialogue = dialogue_of(registry.for_row(item["data_source"], item["extra_info"]), agent)
@@ -127,4 +136,5 @@ async def _rehearse(files: ModelFiles, config: Any, item: dict, schemas: list[di
         executed=executed,
         final=final,
         renders_tools=getattr(loop, "render_tools", True),
+        image_sent=vision and draws(call),
     )

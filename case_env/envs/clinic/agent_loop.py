@@ -40,7 +40,9 @@ _SPEAK = "_case_env_speak"  # the words of the last turn, kept on the agent data
 
 @register(LOOP)
 class MedExAgentLoop(ToolAgentLoop):
-    def __init__(self, *args: Any, render_tools: bool = False, **kwargs: Any):
+    RENDERS_TOOLS = False  # the exam list is in the system prompt (what the length filter measures)
+
+    def __init__(self, *args: Any, render_tools: bool = RENDERS_TOOLS, **kwargs: Any):
         super().__init__(*args, **kwargs)
         env = registry.get("clinic")
         assert isinstance(env, Dialogue)
@@ -126,4 +128,18 @@ class MedExAgentLoop(ToolAgentLoop):
             response, _, _ = await tool.execute(instance, {self.dialogue.said: said}, agent_data=agent_data)
         finally:
             await tool.release(instance)
-        return response.text or ""
+        return self._cut(response.text or "")
+
+    def _cut(self, text: str) -> str:
+        """A reply cut to `max_tool_response_length` characters as verl's `_call_tool` cuts a tool's text
+        (same side, same markers: verl 0.9.1, experimental/agent_loop/tool_agent_loop.py), since the reply
+        does not pass through it."""
+        limit = self.max_tool_response_length
+        if len(text) <= limit:
+            return text
+        if self.tool_response_truncate_side == "left":
+            return "(truncated)..." + text[-limit:]
+        if self.tool_response_truncate_side == "right":
+            return text[:limit] + "...(truncated)"
+        half = limit // 2
+        return text[:half] + "...(truncated)..." + text[-half:]

@@ -113,6 +113,7 @@ class ClinicScoreExtra(ScoreExtra):
     clinic: Annotated[ClinicRecord | None, BeforeValidator(decoded)] = (
         None  # a JSON string in MedExAgent's parquet
     )
+    tool_selection: list[str] | None = Field(None, description="The tools the row offers (its work-up).")
 
 
 def as_tool(name: str, arguments: dict) -> mx.Tool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from case_env.core.control import excerpt
 from case_env.core.tools import ToolContext, ToolError
 from case_env.envs.imaging.data.errors import UnknownVisitError
 from case_env.envs.imaging.data.index import VisitFiles
@@ -43,7 +44,7 @@ class ImagingContext(ToolContext):
             except UnknownVisitError as exc:
                 raise ToolError(
                     ImagingFault.UNKNOWN_VISIT,
-                    f"visit {visit!r} does not exist for this patient; valid visits: {', '.join(exc.valid)}",
+                    f"visit {excerpt(visit)} does not exist for this patient; valid visits: {', '.join(exc.valid)}",
                 ) from None
         return found
 
@@ -63,7 +64,7 @@ class ImagingContext(ToolContext):
             more = f" (and {others} more, e.g. lung lobes and vertebrae)" if others > 0 else ""
             raise ToolError(
                 ImagingFault.UNKNOWN_ORGAN,
-                f"organ {organ!r} is not segmented for this patient at {visit}; available: "
+                f"organ {excerpt(organ)} is not segmented for this patient at {visit}; available: "
                 f"{', '.join(present)}{more}",
             )
         found = self._organs[(organ, visit)] = volumetry[name]
@@ -84,5 +85,5 @@ class ImagingContext(ToolContext):
             return self.imaging.positions(self.case_id, visits, plane, percent, name, sequence)
         except OrganNotFoundError:  # measured (a volumes table) but absent from the label map
             raise ToolError(
-                ImagingFault.UNKNOWN_ORGAN, f"organ {organ!r} has no voxels in the segmentation"
+                ImagingFault.UNKNOWN_ORGAN, f"organ {excerpt(organ)} has no voxels in the segmentation"
             ) from None

@@ -42,7 +42,7 @@ from case_env.core.tools import Tools
 from case_env.envs.imaging import evaluation
 from case_env.envs.imaging.bench.mixes import MIXES
 from case_env.envs.imaging.recipes import RECIPES
-from case_env.envs.imaging.rubric import WEIGHT
+from case_env.envs.imaging.rubric import GRADER, WEIGHT, ImagingScoreExtra
 from case_env.envs.imaging.terms import ImagingFault
 
 if TYPE_CHECKING:
@@ -111,13 +111,16 @@ class ImagingEnvironment(
     baselines = ("scripted", "vision", "no-tool", "random")
     loop_agent = "vision"
     floors = ("random", "no-tool")
+    score_extra = ImagingScoreExtra
     max_turns = 32
     default = True
     recipes: ClassVar[dict[str, Recipe]] = RECIPES  # CASE's RL stage and its ablations
 
+    rule_graded = f"{GRADER}=rules"
+
     def asks_judge(self, settings: Mapping[str, str]) -> bool:
-        """Only a weighted rubric asks the judge (rubric.py)."""
-        return float(settings.get(WEIGHT, "0")) > 0
+        """Only a weighted rubric asks the judge, unless it is left to the rules (rubric.py)."""
+        return float(settings.get(WEIGHT, "0")) > 0 and settings.get(GRADER, "judge") == "judge"
 
     def bench_server(self, options: ServerBenchOptions, echo: Callable[[str], object]) -> dict:
         from case_env.envs.imaging.bench.server import bench_server

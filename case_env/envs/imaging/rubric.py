@@ -34,13 +34,13 @@ import json
 import os
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from case_env.core.answers import TOOL_RESPONSE, final_segment
-from case_env.core.calls import FIELD
+from case_env.core.calls import FIELD, ScoreExtra
 
 if TYPE_CHECKING:
     from case_env.core.llm import Asker
@@ -68,6 +68,7 @@ _TOOL_TEXT, _REASONING = 6000, 3000  # characters of each the judge reads
 
 PREFIX = "CASE_ENV_IMAGING_RUBRIC_"
 WEIGHT = f"{PREFIX}WEIGHT"  # the variable a recipe sets for the workers
+GRADER = f"{PREFIX}GRADER"
 
 
 class RubricSettings(BaseSettings):
@@ -78,17 +79,29 @@ class RubricSettings(BaseSettings):
         description="Weight of the rubric in the reward (score = answer + weight x rubric); 0 keeps the "
         "answer reward alone and never asks the judge. The `case` recipes set 0.5.",
     )
+    grader: Literal["judge", "rules"] = Field(
+        "judge",
+        description="Who grades a weighted rubric: the judge (CASE_ENV_JUDGE_URL; the rules stand in when it "
+        "fails or is not set), or the rules alone, said out loud (`case-env train preflight` refuses a "
+        "judged recipe without a judge otherwise).",
+    )
 
 
 def weight() -> float:
     """The rubric's weight in the reward, read from the environment as `RubricSettings` validates it, once per
-    value of the variable (building the settings costs more than grading a row)."""
-    return _weight(os.environ.get(WEIGHT))
+    value of the variables (building the settings costs more than grading a row)."""
+    return _settings(os.environ.get(WEIGHT), os.environ.get(GRADER)).weight
+
+
+def judged() -> bool:
+    """The judge grades the rubric: weighted, and not left to the rules."""
+    settings = _settings(os.environ.get(WEIGHT), os.environ.get(GRADER))
+    return settings.weight > 0 and settings.grader == "judge"
 
 
 @functools.cache
-def _weight(_raw: str | None) -> float:
-    return RubricSettings().weight
+def _settings(_weight: str | None, _grader: str | None) -> RubricSettings:
+    return RubricSettings()
 
 
 @dataclass(frozen=True)
@@ -176,6 +189,28 @@ def question_visits(evidence: list) -> set[str]:
         if visit in _VISIT_WORDS:
             visits.add(visit)
     return visits
+
+
+class EvidenceCall(BaseModel):
+    """One call of a row's evidence: the tool and its arguments (CASE's schema)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    tool: str | None = None
+    arguments: dict[str, Any] | None = None
+
+
+Scalar = str | int | float
+
+
+class ImagingScoreExtra(ScoreExtra):
+    """What the imaging reward and its rubric read of `extra_info`, typed so a row of the wrong shape is the
+    caller's fault (422 at /v1/score), never the reward's."""
+
+    question: str | None = None
+    options: dict[str, Scalar] | list[Scalar] | None = None
+    teacher_insight: str | None = None
+    evidence: list[EvidenceCall | str] | None = None
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,10 @@
 """POST /v1/score: the reward function over HTTP, identical to what verl and eval call: the row is routed to its
-environment (`extra_info.env`, else the environment claiming its data source) and scored by its reward."""
+environment (`extra_info.env`, else the environment claiming its data source) and scored by its reward.
+
+A score request carries a whole trajectory, so its work is bounded before it starts and done off the event
+loop: the body limit (`CASE_ENV_MAX_SCORE_BODY_BYTES`), then at most `MAX_SCORED_CALLS` executed calls,
+counted on the raw bytes; parsing, validation and scoring run in a thread under the scoring deadline. So no
+body a token holder sends stalls the tool calls the same worker serves."""
 
 from __future__ import annotations
 
@@ -8,8 +13,11 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
+from case_env.core.calls import MAX_SCORED_CALLS
+from case_env.core.environment import Environment
+from case_env.core.problems import describe_errors
 from case_env.core.registry import RegistryError
 from case_env.core.tools import ErrorCode
 from case_env.reward import RowError, capped, environment_of
@@ -50,20 +58,46 @@ class ScoreResponse(BaseModel):
     )
 
 
+class RequestError(ValueError):
+    """A score request the caller must fix: 422 with this message."""
+
+
+def _routed(raw: bytes) -> tuple[ScoreRequest, Environment]:
+    """The request body parsed and validated, and the environment of its row (in a worker thread)."""
+    try:
+        body = ScoreRequest.model_validate_json(raw)
+    except ValidationError as exc:
+        raise RequestError(describe_errors(exc.errors(include_url=False), ("body",))) from None
+    try:
+        return body, environment_of(body.data_source, body.extra_info)
+    except (RegistryError, RowError) as exc:
+        raise RequestError(str(exc)) from None
+
+
 @router.post(
     "/score",
     response_model=ScoreResponse,
     response_model_exclude_none=True,
     responses={422: BAD_BODY[422]},
     summary="Score a completion with the reward function of its row's environment",
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": ScoreRequest.model_json_schema()}},
+        }
+    },
 )
-async def score(body: ScoreRequest, request: Request) -> Response:
+async def score(request: Request) -> Response:
+    raw = await request.body()  # already read and bounded by the body limit
+    if raw.count(b'"tool"') > MAX_SCORED_CALLS:  # an upper bound of the calls, without parsing
+        message = f"invalid request: extra_info.case_env_tool_calls holds more than {MAX_SCORED_CALLS} calls"
+        return error_response(ErrorCode.INVALID_REQUEST, message, status=422)
+    # off the event loop (parsing a large body, a judge's HTTP round trips), with a deadline: a slow judge
+    # or a pathological row costs its own caller a zero, never the server a stall
     try:
-        env = environment_of(body.data_source, body.extra_info)
-    except (RegistryError, RowError) as exc:
+        body, env = await asyncio.to_thread(_routed, raw)
+    except RequestError as exc:
         return error_response(ErrorCode.INVALID_REQUEST, short(f"invalid request: {exc}"), status=422)
-    # off the event loop (a judge's HTTP round trips), with a deadline: a slow judge or a pathological row
-    # costs its own caller a zero, never the server a stall
     deadline = request.app.state.server.settings.score_deadline_s
     work = asyncio.to_thread(env.score, capped(body.solution_str), body.ground_truth, body.extra_info)
     try:

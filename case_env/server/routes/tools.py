@@ -25,6 +25,7 @@ from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ValidationError
 
+from case_env.core.control import inert
 from case_env.core.environment import Environment
 from case_env.core.errors import DataError, MissingDataError
 from case_env.core.llm import answer_within
@@ -39,6 +40,7 @@ from case_env.core.tools import (
     ToolSpec,
     schema_version,
 )
+from case_env.server.audit import AuditWriteError
 from case_env.server.auth import require_token
 from case_env.server.episodes import Call
 from case_env.server.errors import BAD_BODY, UNAUTHORIZED, error_response, short, status_of
@@ -167,15 +169,22 @@ async def answer(
     if outcome.fallback is not None:
         state.metrics.count_fallback(name)
     if state.audit.enabled:
-        state.audit.write(
-            episode_id=body.episode_id,
-            patient_id=body.patient_id,
-            tool=name,
-            arguments=body.arguments,
-            status=status,
-            http_status=outcome.status,
-            latency_ms=latency_ms,
-        )
+        try:
+            state.audit.write(
+                episode_id=body.episode_id,
+                patient_id=body.patient_id,
+                tool=name,
+                arguments=body.arguments,
+                status=status,
+                http_status=outcome.status,
+                latency_ms=latency_ms,
+            )
+        except AuditWriteError as exc:  # an unrecorded call is not answered: the client retries elsewhere
+            log.error("%s; this worker is not ready until it restarts", exc)
+            state.metrics.audit_failures.inc()
+            state.not_ready(str(exc))
+            outcome = Outcome.failure(ErrorCode.NOT_READY, "the service cannot record calls; retry later")
+            outcome.headers = _retry(state)
     if outcome.bound:
         state.episodes.record(
             body.episode_id,
@@ -192,13 +201,16 @@ def answer_json(outcome: Outcome, tool: str, episode_id: str, latency_ms: float)
     dict in the model's field order, which gives the bytes of the model's own `model_dump_json`
     (`tests/test_server_api.py` checks it) in a fifth of the time: `model_construct` alone cost 3 % of a
     cheap call (issue 19 profile)."""
+    error = outcome.error
+    if error is not None and inert(error.message) != error.message:
+        error = ErrorInfo(code=error.code, message=inert(error.message))
     fields = {
-        "ok": outcome.error is None,
+        "ok": error is None,
         "tool": tool,
         "episode_id": episode_id,
-        "text": outcome.text,
+        "text": inert(outcome.text),  # what a model reads: no chat-template control string (core/control.py)
         "images": outcome.images,
-        "error": outcome.error,
+        "error": error,
         "latency_ms": round(latency_ms, 2),
     }
     body = pydantic_core.to_json(fields)
