@@ -46,7 +46,9 @@ def test_the_engine_generates_what_transformers_generates(smollm2, engine):
     def expected(prompt, n):
         ids = torch.tensor([prompt])
         with torch.no_grad():
-            out = reference.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False)
+            out = reference.generate(
+                ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False
+            )
         return out[0, len(prompt) :].tolist()
 
     for prompt, completion in zip(prompts, done, strict=True):
@@ -60,13 +62,18 @@ def test_the_engine_generates_what_transformers_generates(smollm2, engine):
     assert again.token_ids == expected(follow, 24)[: len(again.token_ids)]
     with torch.no_grad():
         logits = reference(torch.tensor([prompts[0] + done[0].token_ids])).logits[0].float()
-    scored = torch.log_softmax(logits, -1)[len(prompts[0]) - 1 : -1].gather(1, torch.tensor(done[0].token_ids)[:, None])
+    scored = torch.log_softmax(logits, -1)[len(prompts[0]) - 1 : -1].gather(
+        1, torch.tensor(done[0].token_ids)[:, None]
+    )
     assert torch.allclose(torch.tensor(done[0].logprobs), scored.squeeze(1), atol=1e-3)
 
 
 def test_seeded_sampling_draws_again_and_an_overlong_prompt_is_refused(engine):
     prompt = engine.tokenizer.apply_chat_template(
-        [{"role": "user", "content": "Tell a story."}], add_generation_prompt=True, tokenize=True, return_dict=False
+        [{"role": "user", "content": "Tell a story."}],
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=False,
     )
     sampled = Sampling(max_tokens=16, temperature=1.0, top_p=0.9, top_k=50, seed=5)
     first, second = engine.generate(prompt, sampled), engine.generate(prompt, sampled)
