@@ -471,6 +471,9 @@ def eval_(
         help="openai agent: sampling temperature (default: the environment's for independent samples, "
         "0.6 for case reasoning; 0 for everything else).",
     ),
+    max_tokens: int = typer.Option(
+        2048, "--max-tokens", min=1, help="openai agent: tokens of one completion [default: 2048]."
+    ),
     greedy_samples: bool = typer.Option(
         False,
         "--greedy-samples",
@@ -505,6 +508,7 @@ def eval_(
             max_turns=max_turns,
             timeout_s=call_timeout,
             temperature=temperature,
+            max_tokens=max_tokens,
         )
     try:
         results = run_eval(
@@ -530,6 +534,32 @@ def eval_(
     for line in evaluation_of(registry.get(results["env"])).summary_lines(results):
         typer.echo(line)
     typer.echo(f"wrote {out / 'results.json'}, {out / 'report.html'} and {out / 'trajectories.jsonl'}")
+
+
+@bench_app.command("model")
+def bench_model(
+    model: str = typer.Option(
+        "smollm2", "--model", help="A Hugging Face model directory, or smollm2 [default: smollm2]."
+    ),
+    out: Path = typer.Option(
+        Path("bench-out/model"), "--out", help="Where model.json goes [default: bench-out/model]."
+    ),
+    prompt_tokens: int = typer.Option(512, "--prompt-tokens", min=1, help="Prompt length [default: 512]."),
+    new_tokens: int = typer.Option(
+        64, "--new-tokens", min=1, help="Tokens decoded per sequence [default: 64]."
+    ),
+) -> None:
+    """Tokens per second of a model on this machine: case-env's engine against transformers' generate, in one
+    run (needs the model extra)."""
+    from case_env.trl.commands import model_dir
+
+    path = Path(model_dir(model))
+    from case_env.bench.lm import bench_model as run
+    from case_env.bench.lm import summary_lines
+
+    for line in summary_lines(run(path, out, prompt_tokens=prompt_tokens, new_tokens=new_tokens)):
+        typer.echo(line)
+    typer.echo(f"wrote {out / 'model.json'}")
 
 
 @bench_app.command("server")

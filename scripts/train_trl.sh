@@ -9,12 +9,12 @@
 # BANK_DIR holds train/val/test.parquet; DATA_ROOT is what the server serves; AGENT the scripted agent whose
 # trajectories teach the first stage (default: the environment's first). Settings come from the environment:
 # MODEL (smollm2), SFT_ROWS (80), SFT_EPOCHS (2), STEPS (20), PROMPTS (2), GENERATIONS (4), COMPLETION (384),
-# LR (2e-5), SEED (0), PORT (8770), EVAL_ROWS (100 per data source).
+# LR (2e-5), SEED (0), PORT (8770), EVAL_ROWS (100 per data source), SPLITS ("val test"), EVAL_LENGTH (1024).
 set -euo pipefail
 bank=${1:?bank directory}; root=${2:?data root}; out=${3:?output directory}; agent=${4:-scripted}
 bin="$(dirname "$0")/../.venv/bin"
 model=${MODEL:-smollm2}; port=${PORT:-8770}; url="http://127.0.0.1:$port"; seed=${SEED:-0}
-mkdir -p "$out"
+mkdir -p "$out/eval"
 
 "$bin/case-env" serve --data-root "$root" --port "$port" > "$out/server.log" 2>&1 &
 server=$!
@@ -36,9 +36,9 @@ for _ in $(seq 60); do curl -sf "$url/healthz" > /dev/null && break; sleep 1; do
 # 4. the three checkpoints on the held-out rows, the same command for each
 for stage in base sft rl; do
     case $stage in base) ckpt=$model;; sft) ckpt=$out/sft/final;; rl) ckpt=$out/grpo/final;; esac
-    for split in val test; do
+    for split in ${SPLITS:-val test}; do
         "$bin/case-env" rollouts --model "$ckpt" --bank "$bank" --split "$split" --server-url "$url" \
-            --data-root "$root" --per-source "${EVAL_ROWS:-100}" --response-length 1024 --seed "$seed" \
+            --data-root "$root" --per-source "${EVAL_ROWS:-100}" --response-length "${EVAL_LENGTH:-1024}" --seed "$seed" \
             --out "$out/eval/$stage-$split" | tee "$out/eval/$stage-$split.txt"
     done
 done

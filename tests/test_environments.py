@@ -57,7 +57,7 @@ def _imports(folder: Path) -> set[str]:
     return found
 
 
-@pytest.mark.parametrize("layer", ["server", "verl", "eval", "bench"])
+@pytest.mark.parametrize("layer", ["server", "verl", "eval", "bench", "lm", "trl"])
 def test_generic_layers_import_no_environment(layer):
     imported = _imports(PACKAGE / layer) | _imports(PACKAGE / "core")
     assert not {m for m in imported if m.startswith("case_env.envs")}
@@ -65,7 +65,19 @@ def test_generic_layers_import_no_environment(layer):
 
 # The generic layers, read as text (code, comments and docstrings): what a newcomer reads there must not be
 # any environment's. Domain words are those of the built-in environments' tools and rows.
-GENERIC = ["core", "server", "verl", "eval", "bench", "cli.py", "cli_options.py", "reward.py", "settings.py"]
+GENERIC = [
+    "core",
+    "server",
+    "verl",
+    "eval",
+    "bench",
+    "lm",
+    "trl",
+    "cli.py",
+    "cli_options.py",
+    "reward.py",
+    "settings.py",
+]
 DOMAIN_WORDS = {"organ", "visit", "lesion", "exam", "diagnosis", "diagnoses", "imaging", "dixon", "mri"}
 # Names that are also plain English: found only when quoted as a name ("other", `other`), since the clinic's
 # exam tool `other` (MedExAgent's) would otherwise forbid the word.

@@ -272,3 +272,39 @@ def test_report_renders_in_headless_chromium(bank, server, tmp_path):
     assert pixels.shape == (2200, 1200)
     # the page is not blank: text, table borders and plots put dark pixels into many rows of the screenshot
     assert (pixels < 128).any(axis=1).mean() > 0.2
+
+
+def test_replay_reads_calls_a_model_wrote_in_its_text(tmp_path):
+    """A model served without a tool parser (transformers serve) writes its calls in its text and gets their
+    answers in one user turn of `<tool_response>` blocks: the replay book keys those answers as it keys chat
+    tool calls, so such a run replays."""
+    from case_env.core import registry
+    from case_env.core.tools import canonical_arguments
+    from case_env.server.replay import ReplayBook
+
+    tools = registry.get("imaging").tools
+    calls = '<tool_call>\n{"name": "list_visits", "arguments": {}}\n</tool_call>\n'
+    calls += (
+        '<tool_call>\n{"name": "get_organ_volume", "arguments": {"organ": "liver", "visit": "baseline"}}\n'
+    )
+    calls += "</tool_call>"
+    answers = (
+        "<tool_response>\n2 visit(s).\n</tool_response>\n<tool_response>\nLiver: 1,500 mL.\n</tool_response>"
+    )
+    record = {
+        "patient_id": "sub-0001",
+        "env": "imaging",
+        "messages": [
+            {"role": "user", "content": "Question"},
+            {"role": "assistant", "content": calls},
+            {"role": "user", "content": answers},
+            {"role": "assistant", "content": "<answer>A</answer>"},
+        ],
+    }
+    (tmp_path / "trajectories.jsonl").write_text(json.dumps(record) + "\n")
+    book = ReplayBook.load(tmp_path, tools)
+    volume = canonical_arguments(tools["get_organ_volume"].parse({"organ": "liver", "visit": "baseline"}))
+    visits = canonical_arguments(tools["list_visits"].parse({}))
+    assert book.entries[("sub-0001", "get_organ_volume", volume)].text == "Liver: 1,500 mL."
+    assert book.entries[("sub-0001", "list_visits", visits)].text == "2 visit(s)."
+    assert len(book.entries) == 2

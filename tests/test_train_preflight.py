@@ -138,7 +138,9 @@ def test_the_launcher_gives_qwen2_5_vl_case_envs_template_and_the_reward_reads_t
         episode = rehearse(run.files, run.config, item, run.schemas, offered)
         assert all(f'"name": "{s["function"]["name"]}"' in episode.prompt for s in offered), source
         assert episode.executed == [episode.tool]  # verl's hermes parser read the call the template taught
-        assert episode.image_pads > 0  # the tool's image reached the model as vision tokens
+        # a row offering a drawing tool has one called, and its image reached the model as vision tokens
+        assert episode.image_sent == (source != "medboard_opsd")
+        assert (episode.image_pads > 0) == episode.image_sent
         tail = final_segment(episode.response)
         assert TOOL_OUTPUT not in tail and tail.strip().endswith(FINAL)
         score = score_row(item["data_source"], episode.response, "B", item["extra_info"])
@@ -198,10 +200,15 @@ def test_the_shipped_templates_render_qwens_tool_block_and_thinking(qwen3):
 # 2. Prompt lengths: verl measures every row with every tool of the YAML
 
 
-def test_clinic_rows_fit_medexagents_4096_tokens_measured_with_their_own_tools(tmp_path, qwen3):
+def test_clinic_rows_fit_medexagents_4096_tokens_measured_as_their_loop_renders_them(tmp_path, qwen3):
+    """verl's filter renders every prompt with all 69 clinic tools; a row is measured as its loop renders it:
+    under MedExAgent's loop with no tool block (its exam list is in the system prompt), under verl's
+    tool_agent with the row's tool_selection."""
+    cases = make_cases(30, 0)
+    write(build_clinic(cases, 0, (0.8, 0.1, 0.1), NoiseConfig()), tmp_path / "loop", {"env": "clinic"})
     write(
-        build_clinic(make_cases(30, 0), 0, (0.8, 0.1, 0.1), NoiseConfig()),
-        tmp_path / "bank",
+        build_clinic(cases, 0, (0.8, 0.1, 0.1), NoiseConfig(), patient="ask_patient"),
+        tmp_path / "tools",
         {"env": "clinic"},
     )
     files = model_files.load(qwen3)
@@ -213,19 +220,24 @@ def test_clinic_rows_fit_medexagents_4096_tokens_measured_with_their_own_tools(t
             "tool_config_path": str(REPO / path_for("clinic")),
         }
     )
-    parquet = [str(tmp_path / "bank" / "train.parquet")]
-    total = pq.read_metadata(parquet[0]).num_rows
-    ours = CaseRLHFDataset(data_files=parquet, tokenizer=files.tokenizer, config=config)
-    assert total >= 20 and len(ours) == total  # every row kept
-    longest = max(ours.prompt_tokens(row) for row in ours.raw_rows())
-    assert 1000 < longest <= 4096
-    # verl's own filter renders each prompt with all 69 clinic tools and drops every row
-    stock = RLHFDataset(data_files=parquet, tokenizer=files.tokenizer, config=config)
-    assert len(stock) == 0
-    # the rollout offers a row its tool_selection: that is what the prompt is measured with
-    row = ours.raw_rows()[0]
-    offered = [s["function"]["name"] for s in ours.offered_tools(row)]
-    assert offered == [n for n in ours[0]["extra_info"]["tool_selection"]] and len(offered) < 69
+    for bank in ("loop", "tools"):
+        parquet = [str(tmp_path / bank / "train.parquet")]
+        total = pq.read_metadata(parquet[0]).num_rows
+        ours = CaseRLHFDataset(data_files=parquet, tokenizer=files.tokenizer, config=config)
+        assert total >= 20 and len(ours) == total  # every row kept
+        longest = max(ours.prompt_tokens(row) for row in ours.raw_rows())
+        assert 800 < longest <= 4096
+        # verl's own filter renders each prompt with all 69 clinic tools and drops every row
+        stock = RLHFDataset(data_files=parquet, tokenizer=files.tokenizer, config=config)
+        assert len(stock) == 0
+        row = ours.raw_rows()[0]
+        plain = files.tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=True)
+        if bank == "loop":  # MedExAgent's loop: no tool block, the prompt alone
+            assert ours.offered_tools(row) is None and ours.prompt_tokens(row) == len(plain["input_ids"])
+        else:
+            offered = [s["function"]["name"] for s in ours.offered_tools(row)]
+            assert offered == [n for n in ours[0]["extra_info"]["tool_selection"]] and len(offered) < 69
+            assert ours.prompt_tokens(row) > len(plain["input_ids"])
 
 
 def test_preflight_counts_rows_over_the_limit_per_source_and_names_the_length_that_fits(

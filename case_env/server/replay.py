@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from typing import Any
 from PIL import Image
 
 from case_env.core import registry
+from case_env.core.calls import written_calls
 from case_env.core.tools import (
     ErrorCode,
     ToolContext,
@@ -33,6 +35,7 @@ from case_env.eval.sft import trajectory_files
 from case_env.eval.trajectory import TrajectoryFormatError, content_parts
 
 log = logging.getLogger("case_env.replay")
+_RESPONSE = re.compile(r"<tool_response>\n?(.*?)\n?</tool_response>", re.DOTALL)
 
 
 @dataclass
@@ -62,8 +65,20 @@ class ReplayBook:
             record.get("env") or registry.for_row(str(record.get("data_source", ""))).name
         )
         pending: dict[str, tuple[str, dict]] = {}
+        written: list[tuple[str, dict]] = []  # calls written in the text of the last assistant turn
         last: tuple[str, str, str] | None = None  # the entry of the latest tool reply
         for message in record["messages"]:
+            role, content = message.get("role"), message.get("content")
+            if role == "assistant" and not message.get("tool_calls"):
+                written = (
+                    written_calls(content, registry.tool_parameters()) if isinstance(content, str) else []
+                )
+            elif role == "user" and written and isinstance(content, str):
+                # a model served without a tool parser: its calls in its text, their answers in one user turn
+                for (name, arguments), text in zip(written, _RESPONSE.findall(content), strict=False):
+                    last = self._add(patient, tools.get(name), arguments, text, base, where)
+                written = []
+                continue
             for call in message.get("tool_calls") or []:
                 arguments = call["function"]["arguments"]
                 try:
@@ -72,20 +87,10 @@ class ReplayBook:
                     arguments = None  # a malformed call never reached the server
                 pending[call.get("id", "")] = (call["function"]["name"], arguments)
             if message.get("role") == "tool":
-                last = None
                 name, arguments = pending.pop(message.get("tool_call_id", ""), (message.get("name"), None))
-                spec = tools.get(name or "")
-                if spec is None or arguments is None:
-                    continue  # an unknown tool or an orphan reply: nothing a live call could reach
-                try:
-                    key = (patient, name, canonical_arguments(spec.parse(arguments)))
-                except ToolError:
-                    continue  # a recorded invalid call: replay validates again and answers the same error
-                result = _result(message.get("content"), base, where)
-                if key in self.entries and self.entries[key] != result:
-                    self.conflicts += 1
-                self.entries.setdefault(key, result)
-                last = key
+                last = self._add(
+                    patient, tools.get(name or ""), arguments, message.get("content"), base, where
+                )
             elif message.get("role") == "user" and isinstance(message.get("content"), list) and last:
                 # a chat transcript carries a tool's image in the user message right after the tool reply
                 images = _result(message["content"], base, where).images
@@ -93,6 +98,22 @@ class ReplayBook:
                     self.entries[last] = dataclasses.replace(self.entries[last], images=images)
             if message.get("role") not in ("tool", "user"):
                 last = None
+
+    def _add(
+        self, patient: str, spec: ToolSpec | None, arguments: Any, content: Any, base: Path, where: str
+    ) -> tuple[str, str, str] | None:
+        """Record one call's answer; the entry's key, or None for a call no live server would have run."""
+        if spec is None or arguments is None:
+            return None  # an unknown tool or an orphan reply: nothing a live call could reach
+        try:
+            key = (patient, spec.name, canonical_arguments(spec.parse(arguments)))
+        except ToolError:
+            return None  # a recorded invalid call: replay validates again and answers the same error
+        result = _result(content, base, where)
+        if key in self.entries and self.entries[key] != result:
+            self.conflicts += 1
+        self.entries.setdefault(key, result)
+        return key
 
     def bind(self, tools: dict[str, ToolSpec]) -> dict[str, ToolSpec]:
         """The same tools (schemas, validation, pools) answering from this book (from memory: none awaits)."""

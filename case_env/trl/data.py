@@ -2,8 +2,8 @@
 
 GRPO: one row per bank row, its conversational `prompt`, the columns the reward reads (`data_source`,
 `ground_truth`, `extra_info` as JSON) and `environment`, the key of the row's tool set (`episode.py`).
-TRL runs its own tool loop for every row: a turn without a call ends the episode, where a dialogue loop (the
-clinic's MedExAgent loop) would hand its text to the patient; such rows are played through their tools.
+TRL runs its own tool loop for every row: a turn without a call ends the episode, where a dialogue loop (an
+environment's own loop that answers plain text) would hand its text on; such rows are played through their tools.
 SFT: the conversations `case-env traj to-sft` exports (or an eval run's folder), tokenized with the model's
 chat template, the loss on the assistant's tokens only, as verl's multi-turn SFT dataset trains them.
 """

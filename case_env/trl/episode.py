@@ -6,7 +6,7 @@ offers the class's public methods as tools (their schemas read from signatures a
 `get_json_schema`) and runs the calls the model writes. Here each method is made from the tool's schema as the
 server serves it, so the model is shown the same tools verl shows it; a call goes to the server within the
 row's case, through the client, body and record every other client uses (`case_env.core.episode`). Rows offer
-different tools (a persona's subset, a clinic case's work-up), so a bank gets one class per distinct tool set,
+different tools (a persona's subset, a case's own work-up), so a bank gets one class per distinct tool set,
 chosen by the row's `environment` column (TRL's several-environments mode).
 """
 

@@ -68,6 +68,16 @@ class Report:
 
 # The figures the issue asks for, repeated at the top of reliability.json for a reader in a hurry.
 HEADLINES = {
+    "maximal_score_bodies_neither_block_the_worker_nor_exceed_the_bound": [
+        "healthz_worst_ms",
+        "score_statuses",
+    ],
+    "scope_and_held_calls_survive_a_crash_with_the_default_database": [
+        "rebound_after_restart",
+        "calls_kept",
+        "burst_lost",
+        "loss_window_ms",
+    ],
     "fuzz": ["requests", "status_5xx", "schema_failures"],
     "hostile_input": ["requests", "status_5xx"],
     "reward_hacking": ["adversarial_completions", "scored_above_zero"],

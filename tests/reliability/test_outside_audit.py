@@ -174,10 +174,17 @@ def test_scope_and_held_calls_survive_a_crash_with_the_default_database(dataset,
             body = {"episode_id": f"e{i}", "patient_id": patients[0], "arguments": {}}
             assert client.post("/v1/tools/list_visits", json=body).status_code == 200
         time.sleep(0.6)  # past the flush interval (0.25 s)
+        # a burst of calls up to the crash: which acknowledged ones the log loses, and how recent they were
+        acknowledged = []
+        for i in range(size(ci=40, full=200)):
+            body = {"episode_id": f"burst{i}", "patient_id": patients[0], "arguments": {}}
+            assert client.post("/v1/tools/list_visits", json=body).status_code == 200
+            acknowledged.append((f"burst{i}", time.monotonic()))
         submit = {"episode_id": "held", "patient_id": case.case_id, "arguments": {"diagnosis": "gout"}}
         submit["context"] = {"attempts": 2, "submissions": []}
         assert client.post("/v1/tools/submit_diagnosis", json=submit).json()["ok"]
         os.killpg(proc.pid, signal.SIGKILL)  # right after the held call was answered
+        killed = time.monotonic()
     proc.process.wait()
     again = _server(tmp_path, dataset, tmp_path / "cases", port=proc.port)
     again.start()
@@ -192,16 +199,35 @@ def test_scope_and_held_calls_survive_a_crash_with_the_default_database(dataset,
             ]
             kept = [len(client.get(f"/v1/episodes/e{i}").json()["calls"]) for i in range(n)]
             held = client.get("/v1/episodes/held").json()["calls"]
+            lost = [
+                killed - at
+                for episode, at in acknowledged
+                if client.get(f"/v1/episodes/{episode}").status_code != 200
+            ]
             second = client.post(
                 "/v1/tools/submit_diagnosis", json={**submit, "arguments": {"diagnosis": "lupus"}}
             )
     finally:
         again.stop()
-    figures.update(episodes=n, rebound_after_restart=sum(s == 200 for s in rebound), calls_kept=sum(kept))
+    figures.update(
+        episodes=n,
+        rebound_after_restart=sum(s == 200 for s in rebound),
+        calls_kept=sum(kept),
+        burst_acknowledged=len(acknowledged),
+        burst_lost=len(lost),
+        loss_window_ms=round(max(lost, default=0.0) * 1000, 1),
+    )
     assert rebound == [403] * n and kept == [1] * n
+    # a call is lost only if it was answered within the flush interval (0.25 s) before the crash
+    assert max(lost, default=0.0) < 1.0
     assert [c["tool"] for c in held] == ["submit_diagnosis"]
     # the budget counted the submission made before the crash: the second is the last of 2
     assert "last of 2 attempts" in second.json()["text"]
+
+
+def _logged(client: httpx.Client, episode: str) -> bool:
+    reply = client.get(f"/v1/episodes/{episode}")
+    return reply.status_code == 200 and bool(reply.json()["calls"])
 
 
 # A5: an audit log that cannot be written
