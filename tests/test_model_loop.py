@@ -115,3 +115,17 @@ def test_the_tuned_model_plays_through_verls_loops(env, world, tuned, monkeypatc
     if env == "imaging":  # what its first stage taught it: gather evidence with the tools
         assert parsed_calls >= 2
     json.dumps(done.turns)  # what `rollouts --out` writes is plain JSON
+
+
+def test_the_model_benchmark_measures_both_paths_on_the_same_prompts(smollm2, tmp_path):
+    from case_env.bench.lm import bench_model, summary_lines
+
+    result = bench_model(smollm2, tmp_path, batches=(1, 2), prompt_tokens=16, new_tokens=4)
+    assert [r["batch"] for r in result["rounds"]] == [1, 2]
+    for r in result["rounds"]:
+        assert r["engine_tokens_per_s"] > 0 and r["transformers_tokens_per_s"] > 0
+        assert r["ratio"] == pytest.approx(
+            r["engine_tokens_per_s"] / r["transformers_tokens_per_s"], abs=0.01
+        )
+    assert json.loads((tmp_path / "model.json").read_text()) == result
+    assert len(summary_lines(result)) == 3

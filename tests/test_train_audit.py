@@ -122,6 +122,38 @@ def test_b5_the_recipes_engine_follows_the_installed_one(bank, monkeypatch):
     assert chosen.config.actor_rollout_ref.rollout.name == "sglang"
 
 
+def test_b6_the_clinic_length_filter_measures_what_medexagents_loop_renders(clinic_bank, qwen3):
+    """MedExAgent's loop renders no tool block, so its rows are measured without one: the longest prompt the
+    check reports is the longest prompt rendered with no tools, far below its rendering with the row's tools."""
+    import json
+    import re
+
+    import pyarrow.parquet as pq
+    from transformers import AutoTokenizer
+
+    found = dry("--model", str(qwen3), "--data", str(clinic_bank), "--recipe", "medexagent")
+    lengths = found["prompt lengths"]
+    assert lengths.status == checks.PASS, lengths.detail
+    reported = int(re.search(r"longest ([\d,]+)", lengths.detail).group(1).replace(",", ""))
+    tokenizer = AutoTokenizer.from_pretrained(qwen3)
+    schemas = launch.prepare(
+        ["--model", str(qwen3), "--data", str(clinic_bank), "--recipe", "medexagent"]
+    ).schemas
+
+    def tokens(prompt: list, **tools) -> int:
+        ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, return_dict=False, **tools)
+        return len(ids)
+
+    plain, with_tools = 0, 0
+    for split in ("train", "val"):
+        for row in pq.read_table(clinic_bank / f"{split}.parquet").to_pylist():
+            prompt = list(row["prompt"])
+            plain = max(plain, tokens(prompt))
+            offered = checks.offered_tools({**row, "extra_info": json.loads(row["extra_info"])}, schemas)
+            with_tools = max(with_tools, tokens(prompt, tools=offered))
+    assert reported == plain < with_tools
+
+
 def test_b7_patient_replies_are_cut_as_verl_cuts_tool_text(pneumonia, checkpoint, monkeypatch):  # noqa: F811
     from tests.test_clinic_loop import TURNS, _tokenizer, composed, one_batch, rollout
 
