@@ -119,7 +119,7 @@ def run_model_rollouts(
         for source, value in accuracy.items():
             done.summary[source].floors[floor] = value
     if out is not None:
-        _write(out, run, done)
+        write_rollouts(out, run, done)
     return done.summary
 
 
@@ -172,7 +172,7 @@ def _floors(
     return result
 
 
-def _write(out: Path, run: ModelRun, done: Rollouts) -> None:
+def write_rollouts(out: Path, run: ModelRun, done: Rollouts) -> None:
     """rollouts.json (settings and figures) and turns.jsonl (every row: the model's turns, the calls as they
     ran, the reward, the failure)."""
     from dataclasses import asdict
