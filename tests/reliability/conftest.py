@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
 
 SCALE = os.environ.get("CASE_ENV_RELIABILITY", "ci")
 if SCALE not in ("ci", "full"):
@@ -128,3 +129,12 @@ def pytest_terminal_summary(terminalreporter, config):
     path = getattr(config, "_reliability_path", None)
     if path is not None:
         terminalreporter.write_line(f"reliability figures: {path}")
+
+
+def json_values(text: st.SearchStrategy[str], size: int = 3, leaves: int = 8) -> st.SearchStrategy:
+    """Any JSON value (finite numbers), its strings and keys drawn from `text`."""
+    return st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | text,
+        lambda inner: st.lists(inner, max_size=size) | st.dictionaries(text, inner, max_size=size),
+        max_leaves=leaves,
+    )

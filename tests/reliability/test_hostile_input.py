@@ -22,6 +22,7 @@ from case_env.core.registry import model_faults
 from case_env.envs.imaging import rubric
 from case_env.reward import score_row
 from tests.reliability.conftest import explore, size
+from tests.reliability.conftest import json_values as any_json
 from tests.server_harness import live_server
 
 HOSTILE_TEXT = [
@@ -52,15 +53,7 @@ HOSTILE_TEXT = [
     "",
 ]
 hostile_text = st.sampled_from(HOSTILE_TEXT) | st.text(max_size=300)
-json_values = st.recursive(
-    st.none()
-    | st.booleans()
-    | st.integers()
-    | st.floats(allow_nan=False, allow_infinity=False)
-    | hostile_text,
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(hostile_text, inner, max_size=4),
-    max_leaves=10,
-)
+json_values = any_json(hostile_text, size=4, leaves=10)
 TOOLS = registry.all_tools()
 ERROR_MARKERS = ("Traceback", 'File "', "/tmp/", "site-packages", "Exception")
 
