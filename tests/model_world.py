@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import multiprocessing
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -97,4 +98,13 @@ class World:
             checkpoints=False,
             gradient_checkpointing=False,  # one conversation: the time matters, not the memory
         )
-        return run_sft(run)
+        return in_own_process(run_sft, run)
+
+
+def in_own_process(train: Callable, run: object) -> Path:
+    """`train(run)` in a process of its own, as `case-env train trl` runs: importing a trainer beside this
+    suite's server and engine threads once failed with CPython 3.11's "AST constructor recursion depth
+    mismatch" (its ast module counts depth in one place for all threads, gh-106905), and the trainer's memory
+    goes back when the process ends. The settings of this process's environment are inherited."""
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(train, (run,))

@@ -15,7 +15,7 @@ import pytest
 from pydantic import Field
 
 from case_env.core import registry
-from case_env.core.calls import FIELD, ExecutedCall, call_text, executed_calls, written_calls
+from case_env.core.calls import FIELD, ExecutedCall, call_text, chat_call, executed_calls, written_calls
 from case_env.core.tools import ToolError, ToolResult, tool
 from case_env.medicine.exams import EXAMS
 from case_env.reward import score_row
@@ -335,3 +335,13 @@ def test_qwen3_coder_values_take_the_schema_types():
     assert (name, args) == ("render_slice", {"visit": "baseline", "position": 40, "overlay": True})
     ((_, untyped),) = written_calls(text)
     assert untyped == {"visit": "baseline", "position": "40", "overlay": "true"}  # strings without a schema
+
+
+@pytest.mark.parametrize("deep", ["[" * 50_000 + "]" * 50_000, "1+" * 5_000 + "1"])
+def test_calls_nested_past_the_interpreters_stack_are_unparsed_not_a_crash(deep):
+    # deeper than Python's stack: json and ast raise RecursionError, which verl's parsers catch as a bad call
+    hermes = f'<tool_call>{{"name": "compare_organ_volume", "arguments": {{"organ": {deep}}}}}</tool_call>'
+    assert written_calls(hermes) == []
+    xml = f"<tool_call>\n<function=f>\n<parameter=organs>\n{deep}\n</parameter>\n</function>\n</tool_call>"
+    assert written_calls(xml, {"f": {"organs": {"type": "array"}}}) == [("f", {"organs": deep})]
+    assert chat_call({"function": {"name": "f", "arguments": deep}}) == ("f", None)

@@ -135,4 +135,6 @@ def test_the_model_benchmark_measures_both_paths_on_the_same_prompts(smollm2, tm
             r["engine_tokens_per_s"] / r["transformers_tokens_per_s"], abs=0.01
         )
     assert json.loads((tmp_path / "model.json").read_text()) == result
-    assert len(summary_lines(result)) == 3
+    lines = summary_lines(result)  # a header, a line per batch size, then prefill and the cached turn
+    assert lines[0].split()[:2] == ["batch", "engine"] and [int(x.split()[0]) for x in lines[1:-1]] == [1, 2]
+    assert lines[-1].startswith("prefill") and "second turn" in lines[-1]

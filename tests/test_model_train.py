@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 
 from case_env.reward import score_row
 from case_env.trl.train import GRPORun, run_grpo
+from tests.model_world import in_own_process
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +38,7 @@ def trained(world, tuned, tmp_path_factory, monkeypatch_module):
         save_steps=1,
         seed=1,
     )
-    return run_grpo(run), out
+    return in_own_process(run_grpo, run), out
 
 
 @pytest.fixture(scope="module")

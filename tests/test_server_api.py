@@ -395,11 +395,10 @@ def test_auth(dataset, tmp_path):
         score = {"data_source": "x", "solution_str": "<answer>B</answer>", "ground_truth": "B"}
         assert httpx.post(f"{live.url}/v1/score", json=score, timeout=10).status_code == 401
         assert httpx.post(f"{live.url}/v1/score", json=score, headers=good, timeout=10).json()["score"] == 1.0
-        for path in ("/v1/tools", "/v1/episodes/a1", "/metrics"):
+        for path in ("/v1/tools", "/v1/episodes/a1", "/metrics", "/readyz", "/openapi.json"):
             assert httpx.get(live.url + path, timeout=10).status_code == 401
             assert httpx.get(live.url + path, headers=good, timeout=10).status_code == 200
-        for path in ("/healthz", "/readyz"):
-            assert httpx.get(live.url + path, timeout=10).status_code == 200
+        assert httpx.get(live.url + "/healthz", timeout=10).status_code == 200  # the one open route
         audit = (tmp_path / "audit.jsonl").read_text()
     assert token not in audit and "s3cret" not in audit
     statuses = [json.loads(line)["http_status"] for line in audit.splitlines()]

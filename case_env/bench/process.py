@@ -26,8 +26,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_ready(server: subprocess.Popen, url: str, seconds: float = 90.0, log: Path | None = None) -> None:
-    """Poll /readyz of a server started as `server` until it answers 200; fail fast if the process exits."""
+def wait_ready(
+    server: subprocess.Popen,
+    url: str,
+    seconds: float = 90.0,
+    log: Path | None = None,
+    token: str | None = None,
+) -> None:
+    """Poll /readyz of a server started as `server` until it answers 200; fail fast if the process exits.
+    `token`: the server's bearer token, which /readyz asks for when one is set."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     deadline = time.monotonic() + seconds
     while True:
         if server.poll() is not None:
@@ -35,7 +43,7 @@ def wait_ready(server: subprocess.Popen, url: str, seconds: float = 90.0, log: P
             text = log.read_text(errors="replace") if log else (output.read() if output else "")
             raise RuntimeError(f"server exited with {server.returncode}: {text[-3000:]}")
         try:
-            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+            if httpx.get(f"{url}/readyz", headers=headers, timeout=2).status_code == 200:
                 return
         except httpx.TransportError:
             pass
@@ -84,7 +92,7 @@ class ServerProcess:
             self.process = subprocess.Popen(
                 self.command, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
             )
-        wait_ready(self.process, self.url, ready_s, log=self.log)
+        wait_ready(self.process, self.url, ready_s, log=self.log, token=self.env.get("CASE_ENV_TOKEN"))
         return self
 
     def kill(self) -> None:

@@ -111,6 +111,11 @@ class ScoreExtra(BaseModel):
     case_env_tool_calls: list[RecordedCall] | None = Field(None, max_length=MAX_SCORED_CALLS)
 
 
+# what parsing a model's text may raise besides a syntax error: nesting deeper than the interpreter's stack
+# ("[[[[..." or "1+1+...+1"); verl's parsers catch every Exception, so such a call is unparsed, never a crash
+UNPARSABLE = (ValueError, SyntaxError, RecursionError, MemoryError)
+
+
 def _convert(value: str, kind: str | None) -> Any:
     """A qwen3_coder parameter value by its schema type, as verl's Qwen3XMLToolParser converts it."""
     if value.lower() == "null":
@@ -128,10 +133,10 @@ def _convert(value: str, kind: str | None) -> Any:
     if kind in ("object", "array"):
         try:
             return json.loads(value)
-        except ValueError:
+        except UNPARSABLE:
             try:
                 return ast.literal_eval(value)
-            except (ValueError, SyntaxError):
+            except UNPARSABLE:
                 return value
     return value
 
@@ -153,7 +158,7 @@ def _xml_call(body: str, schemas: dict[str, dict]) -> tuple[str, dict] | None:
 def _json_call(body: str) -> tuple[str, dict] | None:
     try:
         call = json.loads(body)
-    except json.JSONDecodeError:
+    except UNPARSABLE:
         return None
     if not isinstance(call, dict) or not isinstance(call.get("name"), str):
         return None
@@ -170,7 +175,7 @@ def chat_call(call: dict) -> tuple[str, Any]:
     if isinstance(arguments, str) or arguments is None:
         try:
             arguments = json.loads(arguments or "{}")
-        except json.JSONDecodeError:
+        except UNPARSABLE:
             arguments = None
     return str(function.get("name", "")), arguments
 

@@ -210,7 +210,7 @@ def describe_invalid(exc: ValidationError, spec: ToolSpec) -> str:
         kind = error["type"]
         prop = spec.parameters["properties"].get(where, {})
         if kind == "missing":
-            problems.append(f"missing argument {excerpt(where)}")
+            problems.append(f"missing argument {where!r}")  # a schema's field, not model text
         elif kind == "extra_forbidden":
             problems.append(f"unknown argument {excerpt(where)} (valid arguments: {valid_args})")
         elif kind == "enum" or "enum" in prop:
@@ -222,7 +222,7 @@ def describe_invalid(exc: ValidationError, spec: ToolSpec) -> str:
         elif kind in ("model_type", "dict_type"):
             problems.append(f"arguments must be a JSON object with keys {valid_args}")
         else:
-            problems.append(f"{excerpt(where)}: {error['msg'].lower()}")
+            problems.append(f"{where}: {error['msg'].lower()}")
     return f"invalid arguments for {spec.name}: " + "; ".join(problems[:MAX_PROBLEMS])
 
 

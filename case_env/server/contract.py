@@ -88,6 +88,9 @@ def _tool_paths(schema: dict, hosted: dict[str, Environment], tool_env: dict[str
 
 
 def _score_rows(schema: dict) -> None:
+    from case_env.server.routes.score import ScoreRequest  # the route reads its body raw: no component yet
+
+    _component(schema, ScoreRequest)
     request = schema["components"]["schemas"]["ScoreRequest"]
     extra = request["properties"]["extra_info"]
     extra["anyOf"] = [_component(schema, registry.row_extra()), {"type": "null"}]

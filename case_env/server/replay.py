@@ -10,7 +10,6 @@ still runs first and fails exactly as it would live, since it needs no data. A c
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import re
 from dataclasses import dataclass, field
@@ -20,7 +19,7 @@ from typing import Any
 from PIL import Image
 
 from case_env.core import registry
-from case_env.core.calls import written_calls
+from case_env.core.calls import chat_call, written_calls
 from case_env.core.tools import (
     ErrorCode,
     ToolContext,
@@ -80,12 +79,9 @@ class ReplayBook:
                 written = []
                 continue
             for call in message.get("tool_calls") or []:
-                arguments = call["function"]["arguments"]
-                try:
-                    arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
-                except json.JSONDecodeError:
-                    arguments = None  # a malformed call never reached the server
-                pending[call.get("id", "")] = (call["function"]["name"], arguments)
+                pending[call.get("id", "")] = chat_call(
+                    call
+                )  # arguments None: malformed, never reached a tool
             if message.get("role") == "tool":
                 name, arguments = pending.pop(message.get("tool_call_id", ""), (message.get("name"), None))
                 last = self._add(

@@ -143,7 +143,8 @@ def test_scope_and_auth(dataset, tmp_path, figures):
 
 def _routes(url: str) -> list[tuple[str, str]]:
     """Every operation that declares the bearer scheme, read from the server's own OpenAPI document."""
-    spec = httpx.get(f"{url}/openapi.json", timeout=10).json()
+    bearer = {"Authorization": f"Bearer {TOKEN}"}  # the document is behind the token too
+    spec = httpx.get(f"{url}/openapi.json", headers=bearer, timeout=10).json()
     routes = [
         (method.upper(), path)
         for path, item in spec["paths"].items()
@@ -152,7 +153,7 @@ def _routes(url: str) -> list[tuple[str, str]]:
     ]
     # one path per tool (case_env/server/contract.py)
     assert {path for _, path in routes} >= {"/metrics", "/v1/tools", "/v1/tools/list_visits", "/v1/score"}
-    assert all(path.startswith("/v1/") or path == "/metrics" for _, path in routes)
+    assert all(path.startswith("/v1/") or path in ("/metrics", "/readyz") for _, path in routes)
     assert {p for p in spec["paths"] if p.startswith("/v1/")} <= {p for _, p in routes}
     return routes
 

@@ -36,7 +36,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from case_env.core.answers import TOOL_RESPONSE, final_segment
@@ -200,7 +200,8 @@ class EvidenceCall(BaseModel):
     arguments: dict[str, Any] | None = None
 
 
-Scalar = str | int | float
+# strict: a JSON boolean is not an option's text or number (pydantic's lax mode would read false as 0)
+Scalar = StrictStr | StrictInt | StrictFloat
 
 
 class ImagingScoreExtra(ScoreExtra):

@@ -20,8 +20,9 @@ async def healthz() -> HealthResponse:
 
 @router.get(
     "/readyz",
+    dependencies=[Depends(require_token)],  # it counts cases: an exposed server answers it to the token only
     response_model=ReadyResponse,
-    responses={503: {"model": ReadyResponse, "description": "Not ready."}},
+    responses={503: {"model": ReadyResponse, "description": "Not ready."}, **UNAUTHORIZED},
     summary="Readiness: the data root is readable and holds patients",
 )
 async def readyz(request: Request):

@@ -83,7 +83,8 @@ def _routed(raw: bytes) -> tuple[ScoreRequest, Environment]:
     openapi_extra={
         "requestBody": {
             "required": True,
-            "content": {"application/json": {"schema": ScoreRequest.model_json_schema()}},
+            # the body is read raw (bounded before parsing); the contract adds ScoreRequest's component
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ScoreRequest"}}},
         }
     },
 )
