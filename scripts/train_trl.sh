@@ -8,7 +8,7 @@
 #
 # BANK_DIR holds train/val/test.parquet; DATA_ROOT is what the server serves; AGENT the scripted agent whose
 # trajectories teach the first stage (default: the environment's first). Settings come from the environment:
-# MODEL (smollm2), SFT_ROWS (80), SFT_EPOCHS (2), STEPS (20), PROMPTS (2), GENERATIONS (4), COMPLETION (384),
+# MODEL (smollm2), SFT_ROWS (80), SFT_EPOCHS (2), SFT_LR (5e-5), STEPS (20), PROMPTS (2), GENERATIONS (4), COMPLETION (384),
 # LR (2e-5), SEED (0), PORT (8770), EVAL_ROWS (100 per data source), SPLITS ("val test"), EVAL_LENGTH (1024).
 set -euo pipefail
 bank=${1:?bank directory}; root=${2:?data root}; out=${3:?output directory}; agent=${4:-scripted}
@@ -28,7 +28,7 @@ for _ in $(seq 60); do curl -sf "$url/healthz" > /dev/null && break; sleep 1; do
 
 # 2. SFT, then 3. GRPO from the SFT checkpoint on the train split
 "$bin/case-env" train trl sft --model "$model" --data "$out/sft.parquet" --out "$out/sft" \
-    --epochs "${SFT_EPOCHS:-2}" --seed "$seed"
+    --epochs "${SFT_EPOCHS:-2}" --lr "${SFT_LR:-5e-5}" --seed "$seed"
 "$bin/case-env" train trl grpo --model "$out/sft/final" --bank "$bank/train.parquet" --out "$out/grpo" \
     --server-url "$url" --steps "${STEPS:-20}" --prompts "${PROMPTS:-2}" --generations "${GENERATIONS:-4}" \
     --max-completion "${COMPLETION:-384}" --lr "${LR:-2e-5}" --seed "$seed" --save-steps 5

@@ -50,7 +50,9 @@ class World:
             "casereason": tmp / "banks" / "casereason",
         }
         cases_env = {"CASE_ENV_CLINIC_CASES": tmp / "clinic", "CASE_ENV_CASEREASON_CASES": tmp / "casereason"}
-        with env(**cases_env), live_server(dataset, tmp) as live:
+        with contextlib.ExitStack() as stack:
+            with env(**cases_env):  # read as the server starts, not left set for the rest of the session
+                live = stack.enter_context(live_server(dataset, tmp))
             yield cls(dataset, banks, live.url, live)
 
     def episodes(self, episode_id: str) -> list[dict]:

@@ -35,7 +35,7 @@ def trained(world, tuned, tmp_path_factory, monkeypatch_module):
         temperature=0.7,
         learning_rate=5e-5,
         limit=6,
-        save_steps=1,
+        save_steps=2,  # one checkpoint, the last step's: each holds the optimizer's 1 GB
         seed=1,
     )
     return in_own_process(run_grpo, run), out

@@ -204,7 +204,7 @@ def test_clinic_rows_fit_medexagents_4096_tokens_measured_as_their_loop_renders_
     """verl's filter renders every prompt with all 69 clinic tools; a row is measured as its loop renders it:
     under MedExAgent's loop with no tool block (its exam list is in the system prompt), under verl's
     tool_agent with the row's tool_selection."""
-    cases = make_cases(30, 0)
+    cases = make_cases(14, 0)  # verl's own filter renders 69 tools per row: a few rows say it
     write(build_clinic(cases, 0, (0.8, 0.1, 0.1), NoiseConfig()), tmp_path / "loop", {"env": "clinic"})
     write(
         build_clinic(cases, 0, (0.8, 0.1, 0.1), NoiseConfig(), patient="ask_patient"),
@@ -224,7 +224,7 @@ def test_clinic_rows_fit_medexagents_4096_tokens_measured_as_their_loop_renders_
         parquet = [str(tmp_path / bank / "train.parquet")]
         total = pq.read_metadata(parquet[0]).num_rows
         ours = CaseRLHFDataset(data_files=parquet, tokenizer=files.tokenizer, config=config)
-        assert total >= 20 and len(ours) == total  # every row kept
+        assert total >= 8 and len(ours) == total  # every row kept
         longest = max(ours.prompt_tokens(row) for row in ours.raw_rows())
         assert 800 < longest <= 4096
         # verl's own filter renders each prompt with all 69 clinic tools and drops every row
