@@ -487,6 +487,7 @@ def eval_(
 ) -> None:
     """Evaluate a policy over a bank against a live server; prints the environment's summary."""
     import httpx
+    from openai import APIError, APITimeoutError
 
     from case_env.eval.openai_agent import ModelSettings
     from case_env.eval.runner import OPENAI, run_eval
@@ -531,6 +532,14 @@ def eval_(
         _fail(str(exc), 2)
     except httpx.HTTPError as exc:
         _fail(f"server {server_url} failed: {exc}", 1)
+    except APIError as exc:  # the model's server, not a row: what finished is kept for --resume
+        slow = isinstance(exc, APITimeoutError)
+        _fail(
+            f"the model server {model_url} failed: {exc} (a completion may take --call-timeout {call_timeout:g} s, "
+            f"tried 3 times); the finished rows are kept in {out}: run again with --resume"
+            + (" and a larger --call-timeout" if slow else ""),
+            1,
+        )
     for line in evaluation_of(registry.get(results["env"])).summary_lines(results):
         typer.echo(line)
     typer.echo(f"wrote {out / 'results.json'}, {out / 'report.html'} and {out / 'trajectories.jsonl'}")

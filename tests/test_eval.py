@@ -308,3 +308,29 @@ def test_replay_reads_calls_a_model_wrote_in_its_text(tmp_path):
     assert book.entries[("sub-0001", "get_organ_volume", volume)].text == "Liver: 1,500 mL."
     assert book.entries[("sub-0001", "list_visits", visits)].text == "2 visit(s)."
     assert len(book.entries) == 2
+
+
+def test_a_model_server_that_times_out_ends_the_run_in_one_line_naming_the_fix(bank, server, tmp_path):
+    import asyncio
+    import subprocess
+    import sys
+
+    from fastapi import FastAPI
+
+    from tests.server_harness import serve_app
+
+    slow = FastAPI()
+
+    @slow.post("/v1/chat/completions")
+    async def never_in_time() -> dict:
+        await asyncio.sleep(5)
+        return {}
+
+    with serve_app(slow) as chat:
+        command = [sys.executable, "-m", "case_env.cli", "eval", "--bank", str(bank / "test.parquet")]
+        command += ["--server", server.url, "--agent", "openai", "--model-url", f"{chat.url}/v1"]
+        command += ["--model", "m", "--out", str(tmp_path / "run"), "--limit", "1", "--call-timeout", "1"]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert f"error: the model server {chat.url}/v1 failed: Request timed out." in done.stderr
+    assert "run again with --resume and a larger --call-timeout" in done.stderr

@@ -18,6 +18,7 @@ false: MedExAgent's); the rendering is otherwise verl's. Select it with
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib
 import json
 from typing import Any
@@ -130,6 +131,26 @@ class CaseRLHFDataset(RLHFDataset):
         )
         return len(inputs["input_ids"][0])
 
+    def _filter_fingerprint(self, dataframe: Any, limit: int) -> str:
+        """The filter's cache key from what decides a row's length: datasets would otherwise hash `fits` by
+        pickling its closure, the tokenizer with it (about 6 s a dataset on a CPU, most of a preflight)."""
+        tokenizer = self.processor or self.tokenizer
+        inner = getattr(tokenizer, "tokenizer", tokenizer)
+        parts = [
+            getattr(dataframe, "_fingerprint", ""),
+            limit,
+            type(tokenizer).__name__,
+            getattr(inner, "name_or_path", ""),
+            len(inner) if hasattr(inner, "__len__") else 0,
+            getattr(tokenizer, "chat_template", None) or getattr(inner, "chat_template", None),
+            self.prompt_key,
+            self.apply_chat_template_kwargs,
+            self.tool_schemas,
+            getattr(self, "image_patch_size", None),
+            self.mm_processor_kwargs,
+        ]
+        return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
     def maybe_filter_out_long_prompts(self, dataframe: Any = None) -> Any:
         if not self.filter_overlong_prompts:
             return dataframe
@@ -146,6 +167,7 @@ class CaseRLHFDataset(RLHFDataset):
             fits,
             num_proc=self.num_workers,
             desc=f"Filtering prompts longer than {limit} tokens (each with its own tools)",
+            new_fingerprint=self._filter_fingerprint(dataframe, limit),
         )
         print(f"filter dataset len: {len(kept)}")
         return kept
