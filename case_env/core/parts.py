@@ -330,6 +330,7 @@ class ServerBenchOptions(BaseModel):
     data_root: Path | None = None
     baseline: str | None = None
     cache_mb: int | None = None
+    doors: str | None = None
     # a model-waiting benchmark
     model_latency_ms: list[float] | None = None
     model_failure_rate: float | None = None

@@ -23,7 +23,7 @@ from case_env.core import registry
 from case_env.core.environment import Environment
 from case_env.core.problems import describe_errors
 from case_env.core.tools import ErrorCode
-from case_env.server import contract
+from case_env.server import contract, doors
 from case_env.server.admission import Admission
 from case_env.server.audit import AuditLog
 from case_env.server.auth import AuthError, TokenGate
@@ -173,7 +173,8 @@ def create_app(
         state.tasks.append(asyncio.create_task(_sweep_episodes(state)))
         state.tasks.append(asyncio.create_task(_tick(state)))
         try:
-            yield
+            async with doors.running(app, settings, hosted, mounted):
+                yield
         finally:
             app.serving = None
             for task in state.tasks:
@@ -203,6 +204,7 @@ def create_app(
     app.include_router(tools.router)
     app.include_router(episodes.router)
     app.include_router(score.router)
+    mounted = doors.install(app, settings, hosted)
     _install_error_handlers(app)
     contract.install(app, hosted, tool_env)
     return app

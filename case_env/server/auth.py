@@ -87,4 +87,15 @@ class TokenGate:
                 await send({"type": "http.response.start", "status": 401, "headers": headers})
                 await send({"type": "http.response.body", "body": _UNAUTHORIZED})
                 return
+        elif scope["type"] == "websocket":  # OpenEnv's sessions: refused before the handshake is accepted
+            token = scope["app"].state.server.settings.token
+            authorization = next((v for k, v in scope["headers"] if k == b"authorization"), None)
+            if token is not None and not presented_bearer(authorization, token.get_secret_value()):
+                scope["app"].state.server.audit.refusal(
+                    "WEBSOCKET", scope["path"], ErrorCode.UNAUTHORIZED.value, 403
+                )
+                await send(
+                    {"type": "websocket.close", "code": 1008, "reason": "missing or invalid bearer token"}
+                )
+                return
         await self.app(scope, receive, send)

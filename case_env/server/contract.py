@@ -17,6 +17,7 @@ from typing import Any
 
 from fastapi import FastAPI
 from pydantic import BaseModel
+from starlette.routing import Mount
 
 from case_env.core import registry
 from case_env.core.environment import Environment
@@ -36,6 +37,7 @@ def install(app: FastAPI, hosted: dict[str, Environment], tool_env: dict[str, st
             _tool_paths(schema, hosted, tool_env)
             _score_rows(schema)
             _error_codes(schema, hosted)
+            _doors(schema, app)
             app.openapi_schema = schema
         return app.openapi_schema
 
@@ -100,3 +102,32 @@ def _error_codes(schema: dict, hosted: dict[str, Environment]) -> None:
     codes = [*map(str, ErrorCode), *registry.own_faults(hosted.values())]
     info = schema["components"]["schemas"]["ErrorInfo"]["properties"]["code"]
     info["enum"] = list(dict.fromkeys(codes))
+
+
+MCP_OPERATION = {
+    "tags": ["mcp"],
+    "summary": "MCP streamable HTTP (JSON-RPC): tools/list, tools/call",
+    "description": "An MCP client's endpoint (the Model Context Protocol's streamable HTTP transport).",
+    "security": [{"HTTPBearer": []}],
+    "responses": {"200": {"description": "A JSON-RPC answer, as JSON or an event stream."}},
+}
+
+
+def _doors(schema: dict, app: FastAPI) -> None:
+    """The doors' routes: an OpenEnv app's own document under its mount, an MCP endpoint as one operation."""
+    for route in app.routes:
+        if not isinstance(route, Mount):
+            continue
+        if isinstance(route.app, FastAPI):
+            mounted = route.app.openapi()
+            for path, operations in mounted.get("paths", {}).items():
+                for operation in operations.values():
+                    operation["tags"] = ["openenv"]
+                    operation["operationId"] = (
+                        f"{route.path.strip('/').replace('/', '_')}_{operation.get('operationId', path)}"
+                    )
+                    operation["security"] = [{"HTTPBearer": []}]
+                schema["paths"][route.path + path] = operations
+            schema["components"]["schemas"].update(mounted.get("components", {}).get("schemas", {}))
+        elif route.path.startswith("/mcp/"):
+            schema["paths"][route.path + "/"] = {"post": copy.deepcopy(MCP_OPERATION)}

@@ -9,8 +9,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+PROTOCOLS = ("verl", "openenv", "mcp")
 
 
 class ServerSettings(BaseSettings):
@@ -98,12 +100,37 @@ class ServerSettings(BaseSettings):
         description="Memory per worker for answers of repeated pure calls (GRPO groups); 0 disables.",
     )
     audit_log: Path | None = Field(None, description="File that receives one JSON line per call.")
+    protocols: str = Field(
+        "verl",
+        description="The doors served, comma-separated: verl (the tool API every client here uses), openenv "
+        "(OpenEnv's reset/step/state under /openenv/<env>), mcp (streamable-HTTP MCP under /mcp/<env>).",
+    )
+    banks: list[Path] = Field(
+        default_factory=list,
+        description="Banks (a parquet file or a bank directory) whose rows the openenv and mcp doors start "
+        "episodes from; as JSON in CASE_ENV_BANKS.",
+    )
     otel: bool = Field(
         False,
         description="FastAPI's own OpenTelemetry spans, metrics and logs per request (needs a configured "
         "OpenTelemetry SDK). Off by default: the per-request check for configured providers alone cost a tenth "
         "of a cheap call's CPU (issue 19 profile), and /metrics already counts every call.",
     )
+
+    @field_validator("protocols")
+    @classmethod
+    def _known(cls, value: str) -> str:
+        unknown = [p for p in value.split(",") if p not in PROTOCOLS]
+        if unknown:
+            raise ValueError(
+                f"unknown protocol {unknown[0]!r}; choose from {', '.join(PROTOCOLS)}, comma-separated"
+            )
+        return value
+
+    @property
+    def doors(self) -> tuple[str, ...]:
+        """The protocols served besides verl's tool API, each once."""
+        return tuple(dict.fromkeys(p for p in self.protocols.split(",") if p != "verl"))
 
     @property
     def renders_on_loop(self) -> bool:

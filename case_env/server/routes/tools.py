@@ -161,6 +161,29 @@ async def answer(
 ) -> tuple[int, Mapping[str, str] | None, bytes]:
     """One tool call, whole: served, counted, audited, recorded in its episode; (status, headers, JSON body).
     The FastAPI route above and the server's fast path (`case_env.server.fastpath`) both answer with it."""
+    outcome, latency_ms = await settle(state, name, body)
+    return outcome.status, outcome.headers, answer_json(outcome, name, body.episode_id, latency_ms)
+
+
+def answer_fields(outcome: Outcome, tool: str, episode_id: str, latency_ms: float) -> dict:
+    """The `ToolCallResponse` of an outcome as a dict in the model's field order, images without their data
+    (`answer_json` splices it in; a door adds it as it sends them)."""
+    error = outcome.error
+    if error is not None and inert(error.message) != error.message:
+        error = ErrorInfo(code=error.code, message=inert(error.message))
+    return {
+        "ok": error is None,
+        "tool": tool,
+        "episode_id": episode_id,
+        "text": inert(outcome.text),  # what a model reads: no chat-template control string (core/control.py)
+        "images": outcome.images,
+        "error": error,
+        "latency_ms": round(latency_ms, 2),
+    }
+
+
+async def settle(state: ServerState, name: str, body: ToolCallRequest) -> tuple[Outcome, float]:
+    """One tool call served, counted, audited and recorded in its episode: its outcome and latency (ms)."""
     started = time.perf_counter()
     outcome = await _serve(state, name, body, started)
     latency_ms = (time.perf_counter() - started) * 1000
@@ -193,7 +216,7 @@ async def answer(
         )
         if state.holds_context(name):
             state.episodes.flush()  # now, not at the next tick: the episode's next call may reach another worker
-    return outcome.status, outcome.headers, answer_json(outcome, name, body.episode_id, latency_ms)
+    return outcome, latency_ms
 
 
 def answer_json(outcome: Outcome, tool: str, episode_id: str, latency_ms: float) -> bytes:
@@ -201,19 +224,7 @@ def answer_json(outcome: Outcome, tool: str, episode_id: str, latency_ms: float)
     dict in the model's field order, which gives the bytes of the model's own `model_dump_json`
     (`tests/test_server_api.py` checks it) in a fifth of the time: `model_construct` alone cost 3 % of a
     cheap call (issue 19 profile)."""
-    error = outcome.error
-    if error is not None and inert(error.message) != error.message:
-        error = ErrorInfo(code=error.code, message=inert(error.message))
-    fields = {
-        "ok": error is None,
-        "tool": tool,
-        "episode_id": episode_id,
-        "text": inert(outcome.text),  # what a model reads: no chat-template control string (core/control.py)
-        "images": outcome.images,
-        "error": error,
-        "latency_ms": round(latency_ms, 2),
-    }
-    body = pydantic_core.to_json(fields)
+    body = pydantic_core.to_json(answer_fields(outcome, tool, episode_id, latency_ms))
     return _with_images(body, outcome.encoded) if outcome.encoded else body
 
 

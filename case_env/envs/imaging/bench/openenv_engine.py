@@ -1,5 +1,5 @@
 """The OpenEnv baseline of `case-env bench server --baseline openenv`: the same imaging tools served through
-OpenEnv's own app factory (openenv-core 0.3.0, `openenv.core.env_server.http_server.create_app`, the
+OpenEnv's own app factory (openenv 0.10.0, `openenv.core.env_server.http_server.create_app`, the
 optional extra `openenv`), as an OpenEnv environment would serve them.
 
 The action names the tool, patient, episode and arguments; `step` runs the case-env tool on the same data

@@ -50,9 +50,14 @@ ENGINES = {
     "floor": "case_env.envs.imaging.bench.floor:create_app",
 }
 BASELINES = ("naive", "openenv", "floor")
-PROTOCOL = {"openenv": "openenv"}  # the load generator speaks case-env's protocol to the others
+# case-env's app with one door on (`--doors`): the same tools through OpenEnv's WebSocket session or MCP
+DOORS = {"openenv-door": "verl,openenv", "mcp-door": "verl,mcp"}
+ENGINES.update(dict.fromkeys(DOORS, ENGINES["case-env"]))
+# the load generator speaks case-env's protocol to the others
+PROTOCOL = {"openenv": "openenv", "openenv-door": "openenv-door", "mcp-door": "mcp-door"}
 # the engines served by case-env's app as `case-env serve` runs it: its /metrics, its HTTP protocol
-CASE_ENV_APPS = ("case-env", "naive")
+CASE_ENV_APPS = ("case-env", "naive", *DOORS)
+DOOR_WORKERS = 1  # an MCP episode lives in the worker that started it: the doors' runs use one worker
 MIXES = ("episode", "cheap", "render")
 RENDER_TOOLS = ("render_slice", "render_comparison")
 BENCH_PATIENTS = 48  # the default dataset: enough patients that the response cache is not the headline
@@ -69,6 +74,7 @@ TARGETS = {
     "cheap_cpu_vs_floor": 2.0,
     "calls_per_s_no_cache": 1500.0,
     "render_cpu_ms": 1.5,
+    "door_cpu_vs_api": 1.5,  # a door's server CPU per call of the episode mix, against the tool API's
 }
 
 
@@ -90,10 +96,12 @@ class Setup:
     engine: str
     mix: str = "episode"
     response_cache: bool = True
+    workers: int | None = None  # the run's own worker count (the doors' comparison), else the bench's
+    label: str = ""  # kept apart from the run of the same engine and mix
 
     @property
     def tag(self) -> str:
-        return f"{self.engine}-{self.mix}-{'cache' if self.response_cache else 'nocache'}"
+        return f"{self.engine}-{self.mix}-{'cache' if self.response_cache else 'nocache'}{self.label.replace('/', '-')}"
 
 
 @contextlib.contextmanager
@@ -111,6 +119,7 @@ def _serving(setup: Setup, data_root: Path, scratch: Path, workers: int, cache_m
         "CASE_ENV_TOKEN": None,
         "CASE_ENV_AUDIT_LOG": None,
         "CASE_ENV_FLOOR_ANSWERS": str(scratch / "answers"),
+        "CASE_ENV_PROTOCOLS": DOORS.get(setup.engine, "verl"),
     }
     if not setup.response_cache:
         env["CASE_ENV_RESPONSE_CACHE_MB"] = "0"
@@ -140,7 +149,7 @@ class Bench:
     cache_mb: int | None = None
 
     def serving(self, setup: Setup):
-        return _serving(setup, self.data_root, self.scratch, self.workers, self.cache_mb)
+        return _serving(setup, self.data_root, self.scratch, setup.workers or self.workers, self.cache_mb)
 
     def load_on(
         self,
@@ -203,7 +212,9 @@ def run_paired(bench: Bench, setups: list[Setup], rounds: int = 4) -> dict[str, 
                 }
                 for r, c in turns[s]
             ]
-            figures[s] = _figures(s, result, sum(c for _, c in turns[s]), samplers[s], bench.workers)
+            figures[s] = _figures(
+                s, result, sum(c for _, c in turns[s]), samplers[s], s.workers or bench.workers
+            )
     return {_run_name(s): f for s, f in figures.items()}
 
 
@@ -216,7 +227,7 @@ def _run_name(setup: Setup) -> str:
     parts = [setup.engine] + ([setup.mix] if setup.mix != "episode" else [])
     if setup.engine == "case-env" and not setup.response_cache:
         parts.append("no-cache")
-    return "/".join(parts)
+    return "/".join(parts) + setup.label
 
 
 def _data_directories(data_root: Path) -> list[Path]:
@@ -345,6 +356,25 @@ def verdict(runs: dict[str, dict], ratios: dict[str, dict]) -> dict:
     return checks
 
 
+def door_vs_api(runs: dict[str, dict], door: str) -> dict:
+    """A door against the tool API on the same workers: its throughput and server CPU per call as door ÷ API,
+    its p99 latency over the API's (above 1: the door is slower)."""
+    run, api = runs[door], runs["case-env/doors"]
+    return {
+        "throughput": _ratio(run["calls_per_s"], api["calls_per_s"]),
+        "p99": _ratio(run["latency_ms_all"]["p99"], api["latency_ms_all"]["p99"]),
+        "cpu_per_call": _ratio(run["server_cpu_ms_per_call"], api["server_cpu_ms_per_call"]),
+    }
+
+
+def door_verdict(runs: dict[str, dict], door_ratios: dict[str, dict]) -> dict:
+    """Each door within `door_cpu_vs_api` of the API's server CPU per call, with no errors."""
+    return {
+        f"{door}_cpu_vs_api": r["cpu_per_call"] <= TARGETS["door_cpu_vs_api"] and not runs[door]["errors"]
+        for door, r in door_ratios.items()
+    }
+
+
 def _ratio(a: float, b: float) -> float:
     return round(a / b, 2) if b else float("inf")
 
@@ -353,7 +383,7 @@ def ratios_vs(runs: dict[str, dict], baseline: str) -> dict:
     """case-env against one baseline, mix by mix (and case-env's no-cache runs against the same mix)."""
     out = {}
     for name, run in runs.items():
-        if run["engine"] != "case-env":
+        if run["engine"] != "case-env" or name.endswith("/doors"):
             continue
         other = runs.get(baseline if run["mix"] == "episode" else f"{baseline}/{run['mix']}")
         if other is None:
@@ -393,13 +423,32 @@ def parse_baselines(text: str | None) -> list[str]:
             f"unknown baseline {unknown[0]!r}; choose from {', '.join(BASELINES)} (comma-separated)"
         )
     if "openenv" in chosen:
-        try:
-            import openenv.core.env_server.http_server  # noqa: F401
-        except ImportError as exc:
-            raise ValueError(
-                f"the openenv baseline needs openenv-core ({exc}); install the extra: pip install 'case-env[openenv]'"
-            ) from exc
+        _needs("openenv.core.env_server.http_server", "the openenv baseline", "openenv")
     return list(dict.fromkeys(chosen))
+
+
+def parse_doors(text: str | None) -> list[str]:
+    """'openenv,mcp' → the engines of those doors, checked (their extras installed)."""
+    chosen = [d.strip() for d in (text or "").split(",") if d.strip()]
+    unknown = [d for d in chosen if f"{d}-door" not in DOORS]
+    if unknown:
+        raise ValueError(f"unknown door {unknown[0]!r}; choose from openenv, mcp (comma-separated)")
+    for door in chosen:
+        _needs(
+            "openenv.core.env_server.http_server" if door == "openenv" else "mcp.server",
+            f"the {door} door",
+            door,
+        )
+    return [f"{d}-door" for d in dict.fromkeys(chosen)]
+
+
+def _needs(module: str, what: str, extra: str) -> None:
+    try:
+        __import__(module)
+    except ImportError as exc:
+        raise ValueError(
+            f"{what} needs {exc.name}; install the extra: pip install 'case-env[{extra}]'"
+        ) from None
 
 
 def run_server_bench(
@@ -413,9 +462,10 @@ def run_server_bench(
     cache_mb: int | None = None,
     think_ms: float = 0.0,
     group_size: int = 1,
+    doors: list[str] | None = None,
 ) -> dict:
     out.mkdir(parents=True, exist_ok=True)
-    baselines = baselines or []
+    baselines, doors = baselines or [], doors or []
     index = scan(data_root)
     load = Load(rollouts, duration, warmup, think_ms, group_size)
     _decode_once(data_root, index.patient_ids())
@@ -442,7 +492,12 @@ def run_server_bench(
         if "openenv" in baselines:  # the same render code behind OpenEnv's step
             render.append(Setup("openenv", "render"))
         runs.update(run_paired(bench, render))
+        if doors:  # each door against the tool API (and OpenEnv's own server) on one worker, in turns
+            api = Setup("case-env", workers=DOOR_WORKERS, label="/doors")
+            peers = [Setup("openenv", workers=DOOR_WORKERS, label="/doors")] if "openenv" in baselines else []
+            runs.update(run_paired(bench, [api, *(Setup(d, workers=DOOR_WORKERS) for d in doors), *peers]))
     ratios = {baseline: ratios_vs(runs, baseline) for baseline in baselines}
+    door_ratios = {door: door_vs_api(runs, door) for door in doors}
     result = {
         "benchmark": "server",
         "patients": len(index.patient_ids()),
@@ -455,7 +510,8 @@ def run_server_bench(
         "targets": TARGETS,
         "runs": runs,
         **{f"ratio_vs_{baseline}": r for baseline, r in ratios.items()},
-        "met": verdict(runs, ratios),
+        "doors": door_ratios,
+        "met": {**verdict(runs, ratios), **door_verdict(runs, door_ratios)},
     }
     (out / "bench.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     plot(result, out / "bench.png")
@@ -504,6 +560,7 @@ def bench_server(options: ServerBenchOptions, echo: Callable[[str], object]) -> 
     if options.runs != 1:
         raise ValueError("the imaging server benchmark runs once per call (its engines already alternate)")
     baselines = parse_baselines(options.baseline)
+    doors = parse_doors(options.doors)
     data_root = options.data_root or Path("data/bench")
     out, rollouts, workers = options.out, options.rollouts, options.workers
     if not data_root.is_dir():
@@ -520,10 +577,11 @@ def bench_server(options: ServerBenchOptions, echo: Callable[[str], object]) -> 
         options.cache_mb,
         options.think_ms,
         options.group_size,
+        doors,
     )
     for engine, run in result["runs"].items():
         echo(
-            f"\n{engine}: {run['calls_per_s']} calls/s, {rollouts} rollouts, {workers} worker(s), "
+            f"\n{engine}: {run['calls_per_s']} calls/s, {rollouts} rollouts, {run['workers']} worker(s), "
             f"server CPU {run['server_cpu_cores']} cores ({run['server_cpu_ms_per_call']} ms per call), "
             f"peak RSS {run['server_peak_rss_mb']} MB, errors {run['errors'] or 'none'}, "
             f"load generator CPU {run['load_cpu_ms_per_call']} ms per call"
@@ -542,6 +600,11 @@ def bench_server(options: ServerBenchOptions, echo: Callable[[str], object]) -> 
                 f"vs {name} ({mix}): {r['throughput']}x throughput, {r['p99']}x lower p99, "
                 f"{r['cpu_per_call']}x the server CPU per call"
             )
+    for door, r in result["doors"].items():
+        echo(
+            f"{door} against the tool API (one worker): {r['throughput']}x its calls/s, {r['p99']}x its p99, "
+            f"{r['cpu_per_call']}x its server CPU per call (bound {TARGETS['door_cpu_vs_api']}x)"
+        )
     met = result["met"]
     echo("targets: " + ", ".join(f"{k} {'met' if v else 'MISSED'}" for k, v in met.items()))
     echo(f"wrote {out / 'bench.json'} and {out / 'bench.png'}")
