@@ -35,6 +35,14 @@ $(STAMP): pyproject.toml setup.py | $(BIN)/python
 	$(BIN)/python -m pip install --quiet 'fastmcp>=3.0.0'
 	touch $(STAMP)
 
+# verifiers' own `vf-eval` and the case-env-verifiers taskset, in an environment of their own: verifiers pins
+# mcp 2.0 and openai below 3, and talks to the server over HTTP like any client
+VF_VENV := .venv-verifiers
+$(VF_VENV)/.installed: integrations/verifiers/pyproject.toml
+	$(PYTHON) -m venv $(VF_VENV)
+	$(VF_VENV)/bin/python -m pip install --quiet -e integrations/verifiers uv
+	touch $@
+
 demo: $(STAMP)
 	$(BIN)/case-env synth --out $(DEMO_ROOT) --patients $(DEMO_PATIENTS) --profile $(DEMO_PROFILE) --seed $(DEMO_SEED)
 	$(BIN)/case-env data check $(DEMO_ROOT)
@@ -110,7 +118,7 @@ train-env:
 	@echo "train-env: $(TRAIN_VENV) ready; next: PYTHON=$(TRAIN_VENV)/bin/python scripts/train_grpo.sh --dry-run ..."
 
 # A crash of the interpreter (a native library's thread at exit) prints every thread's Python stack.
-test: $(STAMP) lint browser
+test: $(STAMP) $(VF_VENV)/.installed lint browser
 	PYTHONFAULTHANDLER=1 $(BIN)/python -m pytest
 
 # The reliability suite at full scale (issue 7): fuzzing, hostile input, reward hacking, scope and auth,
@@ -128,6 +136,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/deptry .  # every import declared, in core or in the extra that needs it
+	cd integrations/verifiers && ../../$(BIN)/deptry .
 
 format: $(STAMP)
 	$(BIN)/ruff check --fix .
@@ -137,4 +146,4 @@ bench-data: $(STAMP)
 	$(BIN)/case-env bench data --out bench-out/data --patients 2 --profiles ci,full
 
 clean:
-	rm -rf $(VENV) bench-out .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VF_VENV) bench-out .pytest_cache .ruff_cache

@@ -5,11 +5,13 @@ whole assistant message, tool calls included), optionally after a delay, and rec
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.responses import StreamingResponse
 
 
 class ScriptedChat:
@@ -30,6 +32,8 @@ class ScriptedChat:
         reply = self.reply(body["messages"])
         message = reply if isinstance(reply, dict) else {"role": "assistant", "content": reply}
         finish = "tool_calls" if message.get("tool_calls") else "stop"
+        if body.get("stream"):
+            return StreamingResponse(_chunks(body["model"], message, finish), media_type="text/event-stream")
         return {
             "id": "chatcmpl-scripted",
             "object": "chat.completion",
@@ -37,3 +41,20 @@ class ScriptedChat:
             "model": body["model"],
             "choices": [{"index": 0, "finish_reason": finish, "message": message}],
         }
+
+
+def _chunks(model: str, message: dict, finish: str) -> Iterator[str]:
+    """The message as OpenAI's streamed chunks: one delta with all of it, the finish, the usage, [DONE]."""
+    tool_calls = [{"index": i, **call} for i, call in enumerate(message.get("tool_calls") or [])]
+    delta = {"role": "assistant", "content": message.get("content")} | (
+        {"tool_calls": tool_calls} if tool_calls else {}
+    )
+    usage = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
+    for choices, extra in (
+        ([{"index": 0, "delta": delta, "finish_reason": None}], {}),
+        ([{"index": 0, "delta": {}, "finish_reason": finish}], {}),
+        ([], {"usage": usage}),
+    ):
+        chunk = {"id": "chatcmpl-scripted", "object": "chat.completion.chunk", "created": 0, "model": model}
+        yield f"data: {json.dumps(chunk | {'choices': choices} | extra)}\n\n"
+    yield "data: [DONE]\n\n"

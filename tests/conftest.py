@@ -26,6 +26,18 @@ def dataset(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def bank(dataset, tmp_path_factory) -> Path:
+    """The dataset's imaging bank (seed 4, 70/15/15 splits), read-only: tests that change a bank copy it."""
+    from case_env.core.bank import write
+    from case_env.envs.imaging.bank.build import build
+    from case_env.envs.imaging.data.store import PatientStore
+
+    out = tmp_path_factory.mktemp("bank")
+    write(build(PatientStore(dataset), seed=4, fractions=(0.7, 0.15, 0.15)), out, {"seed": 4})
+    return out
+
+
+@pytest.fixture(scope="session")
 def qwen2_5_vl(tmp_path_factory) -> Path:
     """Qwen2.5-VL's files as published, without weights: Qwen's tokenizer with no chat template of its own and
     the processor's template, which renders no tools (tests/qwen_models.py)."""

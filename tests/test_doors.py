@@ -17,21 +17,12 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from openenv.core.generic_client import GenericEnvClient
 
-from case_env.core.bank import load_items, write
-from case_env.envs.imaging.bank.build import build
+from case_env.core.bank import load_items
 from case_env.envs.imaging.bench.mixes import episode_calls
-from case_env.envs.imaging.data.store import PatientStore
 from tests.server_harness import live_server
 
 TOKEN = "doors-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-
-
-@pytest.fixture(scope="module")
-def bank(dataset, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("doors-bank")
-    write(build(PatientStore(dataset), seed=4, fractions=(0.7, 0.15, 0.15)), out, {"seed": 4})
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -231,10 +222,29 @@ def test_the_doors_are_in_the_openapi_document_which_stays_valid(server):
     paths = set(document["paths"])
     for env in ("imaging", "clinic", "casereason"):
         assert {f"/openenv/{env}/schema", f"/openenv/{env}/health", f"/mcp/{env}/"} <= paths
+    assert "/v1/rows/{env}" in paths
     assert "/openenv/imaging/reset" not in paths  # episodes live on the WebSocket, not on stateless HTTP
     schema = httpx.get(f"{server.url}/openenv/imaging/schema", headers=AUTH, timeout=10).json()
     assert "answer" in schema["action"]["properties"] and "images" in schema["observation"]["properties"]
     assert httpx.get(f"{server.url}/openenv/imaging/schema", timeout=10).status_code == 401
+
+
+def test_the_rows_a_door_lists_carry_prompts_and_tools_but_never_answers(server, rows):
+    url = f"{server.url}/v1/rows/imaging"
+    listed = httpx.get(url, params={"limit": 3, "offset": 1}, headers=AUTH, timeout=10).json()
+    assert listed["split"] == "test" and listed["total"] == len(rows)
+    assert [r["row"] for r in listed["rows"]] == sorted(rows)[1:4]
+    for row in listed["rows"]:
+        item = rows[row["row"]]
+        assert row["prompt"][-1]["content"] == item.prompt[-1]["content"]
+        assert row["tools"] == item.extra["tool_selection"]
+    assert "ground_truth" not in json.dumps(listed) and "reward_model" not in json.dumps(listed)
+
+    assert httpx.get(url, timeout=10).status_code == 401
+    unknown = httpx.get(url, params={"split": "trian"}, headers=AUTH, timeout=10)
+    assert unknown.status_code == 404 and "have train, val, test" in unknown.json()["error"]["message"]
+    missing = httpx.get(f"{server.url}/v1/rows/nothing", headers=AUTH, timeout=10)
+    assert missing.status_code == 404 and "--bank BANK" in missing.json()["error"]["message"]
 
 
 def test_every_cell_of_the_readme_door_table_names_a_test_that_exists():
@@ -244,7 +254,7 @@ def test_every_cell_of_the_readme_door_table_names_a_test_that_exists():
         cell.strip("` ") for line in table.splitlines() if line.startswith("| ") for cell in line.split("|")
     ]
     tests = [cell for cell in named if cell.startswith("tests/") and "::" in cell]
-    assert len(tests) == 5
+    assert len(tests) == 6
     for test in tests:
         path, name = test.split("::")
         assert f"def {name}(" in (Path(__file__).parent.parent / path).read_text(encoding="utf-8"), test

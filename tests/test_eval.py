@@ -4,25 +4,14 @@ images on disk, resume without redoing work, and the prompt-only baselines stayi
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
 
-from case_env.core.bank import write
-from case_env.envs.imaging.bank.build import build
-from case_env.envs.imaging.data.store import PatientStore
 from case_env.eval.runner import run_eval
 from case_env.eval.trajectory import FILENAME, read
 from tests.server_harness import live_server
-
-
-@pytest.fixture(scope="module")
-def bank(dataset, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("eval-bank")
-    write(build(PatientStore(dataset), seed=4, fractions=(0.7, 0.15, 0.15)), out, {"seed": 4})
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -33,6 +33,10 @@ def install(app: FastAPI, settings: ServerSettings, hosted: dict[str, Environmen
                 f"the {door} door needs its extra ({exc.name} is missing): pip install 'case-env[{EXTRAS[door]}]'"
             ) from None
         mounted += module.install(app, hosted, settings.max_in_flight * 4, settings.episode_idle_s)
+    if mounted:
+        from case_env.server.doors import rows
+
+        app.include_router(rows.router)  # the rows a door's client lists before it starts episodes
     return mounted
 
 

@@ -37,6 +37,7 @@ class Rows:
     """The rows of the served banks, by key (`test-00003`) and by environment and split."""
 
     def __init__(self, items: list[Item], hosted: dict[str, Environment]):
+        self.hosted = hosted
         self.by_key: dict[str, Item] = {}
         self.splits: dict[str, dict[str, list[Item]]] = {name: {} for name in hosted}
         for item in items:
@@ -51,6 +52,17 @@ class Rows:
     def load(cls, banks: list[Path], hosted: dict[str, Environment]) -> Rows:
         return cls([item for bank in banks for item in load_items(Path(bank))], hosted)
 
+    def split(self, env: str, split: str | None) -> tuple[str, list[Item]]:
+        """A split's name and rows (default test, else the first split served)."""
+        splits = self.splits.get(env) or {}
+        if not splits:
+            raise DoorError(f"no {env} bank is served; start the server with --bank BANK")
+        split = split or ("test" if "test" in splits else next(iter(splits)))
+        chosen = splits.get(split)
+        if chosen is None:
+            raise DoorError(f"unknown split {split!r}; the served {env} banks have {', '.join(splits)}")
+        return split, chosen
+
     def pick(self, env: str, row: str | None, split: str | None, index: int | None, seed: int | None) -> Item:
         """A row by key, by split and index, or drawn from a split (seeded when `seed` is given)."""
         if row is not None:
@@ -60,18 +72,18 @@ class Rows:
                     f"no {env} row {row!r} in the served banks; ask for a split and index instead"
                 )
             return item
-        splits = self.splits.get(env) or {}
-        if not splits:
-            raise DoorError(f"no {env} bank is served; start the server with --bank BANK")
-        split = split or ("test" if "test" in splits else next(iter(splits)))
-        chosen = splits.get(split)
-        if chosen is None:
-            raise DoorError(f"unknown split {split!r}; the served {env} banks have {', '.join(splits)}")
+        split, chosen = self.split(env, split)
         if index is None:
             return random.Random(seed).choice(chosen) if seed is not None else random.choice(chosen)
         if not 0 <= index < len(chosen):
             raise DoorError(f"index {index} is outside split {split!r} (0 to {len(chosen) - 1})")
         return chosen[index]
+
+
+def row_tools(env: Environment, item: Item | None) -> list[str]:
+    """A row's tools (its persona's selection), or every tool of the environment for a bare case."""
+    chosen = item.extra.get("tool_selection") if item else None
+    return [t for t in chosen if t in env.tools] if chosen else list(env.tools)
 
 
 @dataclass
@@ -114,9 +126,7 @@ class DoorEpisode:
 
     @property
     def tools(self) -> list[str]:
-        """The row's tools (its persona's selection), or every tool of the environment for a bare case."""
-        chosen = self.item.extra.get("tool_selection") if self.item else None
-        return [t for t in chosen if t in self.env.tools] if chosen else list(self.env.tools)
+        return row_tools(self.env, self.item)
 
     @property
     def prompt(self) -> list[dict]:
