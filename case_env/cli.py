@@ -272,6 +272,9 @@ def serve(
             log_level=log_level,
             access_log=access_log,
             http=PROTOCOL,  # each answer in one write (case_env/server/http.py)
+            # the OpenEnv door's observations are mostly base64 PNG, which deflate cannot shrink: compressing
+            # them cost a quarter of the door's server CPU (py-spy), for nothing on loopback or a cluster's LAN
+            ws_per_message_deflate=False,
         )
 
 
@@ -398,14 +401,17 @@ def rollouts(
 ) -> None:
     """Roll a bank's rows out through verl's agent loops, scored by verl's reward manager: the environment's
     scripted baseline, or a model generating on this machine (--model). Needs verl."""
+    from case_env.core.bank import BankError, read_bank, split_file
     from case_env.core.calls import FORMATS
     from case_env.server.control import ensure_server, stop
 
     if form not in FORMATS:
         _fail(f"unknown tool-call format {form!r}; choose {' or '.join(FORMATS)}", 2)
-    parquet = bank / f"{split}.parquet"
-    if not parquet.is_file():
-        _fail(f"{parquet} is missing (run `case-env bank build`)", 2)
+    try:
+        parquet = split_file(bank, split)
+        read_bank(parquet, columns=["data_source"])  # a broken file refused now, as eval refuses it
+    except (FileNotFoundError, BankError) as exc:
+        _fail(str(exc), 2)
     if model is not None:
         from case_env.trl.commands import model_dir
 
@@ -760,12 +766,19 @@ options_command(
 
 
 @bank_app.command("validate")
-def bank_validate(files: list[Path] = typer.Argument(..., help="Parquet files in the CASE schema.")) -> None:
+def bank_validate(
+    files: list[Path] = typer.Argument(..., help="Parquet files in the CASE schema, or bank directories."),
+) -> None:
     """Check parquet banks: columns, extra_info, ground truth, complete tool keys, each row by its environment."""
+    from case_env.core.bank import bank_files
     from case_env.core.validate import validate
 
+    try:
+        paths = [split for given in files for split in (bank_files(given) if given.is_dir() else [given])]
+    except FileNotFoundError as exc:
+        _fail(str(exc), 2)
     failed = False
-    for path in files:
+    for path in paths:
         result = validate(path)
         sources = ", ".join(f"{k} {v}" for k, v in sorted(result.by_source.items()))
         typer.echo(f"{path}: {result.rows} rows, {len(result.by_patient)} patients ({sources})")

@@ -261,3 +261,45 @@ def test_options_of_another_environment_are_refused_by_name(tmp_path):
     assert result.returncode == 2 and "unknown mode 'sideways'" in result.stderr
     result = run("bank", "build", "--env", "clinic", "--out", str(tmp_path / "b"), "--split", "0.5,0.5")
     assert result.returncode == 2 and "--split" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_every_command_reads_a_bank_one_way_and_names_what_is_wrong(bank, tmp_path):
+    """A truncated file, an unknown split, a missing file and a bank directory: rollouts, eval and bank
+    validate refuse (or accept) them alike, exit 2 with the file named and no traceback."""
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(bank, broken)
+    whole = (broken / "test.parquet").read_bytes()
+    (broken / "test.parquet").write_bytes(whole[: len(whole) // 2])
+    server = ("--server", "http://127.0.0.1:9")
+    for args in (
+        ("rollouts", "--bank", str(broken), "--split", "test", "--server-url", server[1]),
+        (
+            "eval",
+            "--bank",
+            str(broken / "test.parquet"),
+            *server,
+            "--agent",
+            "random",
+            "--out",
+            str(tmp_path / "o"),
+        ),
+    ):
+        result = run(*args)
+        assert result.returncode == 2, result.stderr
+        assert f"{broken / 'test.parquet'} is not a readable parquet file" in result.stderr
+        assert "case-env bank build" in result.stderr and "Traceback" not in result.stderr
+        assert result.stderr.count("is not a readable parquet") == 1
+    assert not (tmp_path / "o").exists()
+
+    result = run("rollouts", "--bank", str(bank), "--split", "trian", "--server-url", server[1])
+    assert result.returncode == 2 and f"{bank} has no split 'trian'; it has train, val, test" in result.stderr
+
+    result = run("bank", "validate", str(tmp_path / "nowhere.parquet"))
+    assert result.returncode == 1 and f"bank {tmp_path / 'nowhere.parquet'} does not exist" in result.stderr
+    result = run("bank", "validate", str(bank))  # a directory: each of its splits
+    assert result.returncode == 0, result.stderr
+    assert [line.split(":")[0] for line in result.stdout.splitlines()] == [
+        str(bank / f"{split}.parquet") for split in ("train", "val", "test")
+    ]

@@ -243,6 +243,39 @@ class Item:
     agent_name: str = "tool_agent"  # the verl agent loop the row names
 
 
+class BankError(ValueError):
+    """A bank file that cannot be read, named with the fix."""
+
+
+def read_bank(path: Path, columns: list[str] | None = None) -> pa.Table:
+    """One bank file as a table: every command reads banks here, so a broken file is refused one way."""
+    if not path.exists():
+        raise FileNotFoundError(f"bank {path} does not exist")
+    try:
+        return pq.read_table(path, columns=columns)
+    except (OSError, ValueError) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise BankError(
+            f"{path} is not a readable parquet file ({reason}); rebuild it with `case-env bank build` "
+            "or copy it again"
+        ) from None
+
+
+def split_file(bank: Path, split: str) -> Path:
+    """A split's file of a bank directory (a file is its own split), naming the splits there if absent."""
+    if bank.is_file():
+        return bank
+    if not bank.exists():
+        raise FileNotFoundError(f"bank {bank} does not exist (build one with `case-env bank build`)")
+    path = bank / f"{split}.parquet"
+    if path.is_file():
+        return path
+    have = [s for s in SPLITS if (bank / f"{s}.parquet").is_file()]
+    if not have:
+        raise FileNotFoundError(f"{bank} holds no split (build one with `case-env bank build --out {bank}`)")
+    raise FileNotFoundError(f"{bank} has no split {split!r}; it has {', '.join(have)}")
+
+
 def bank_files(bank: Path) -> list[Path]:
     """One parquet file, or every split of a bank directory."""
     if bank.is_dir():
@@ -262,7 +295,7 @@ def decode_extra(value: Any) -> dict:
 def load_items(bank: Path) -> list[Item]:
     items = []
     for path in bank_files(bank):
-        for row in pq.read_table(path).to_pylist():
+        for row in read_bank(path).to_pylist():
             extra = decode_extra(row["extra_info"])
             split = extra.get("split", path.stem)
             items.append(
@@ -290,7 +323,7 @@ def bank_sources(bank: Path) -> set[tuple[str | None, str]]:
     """(env, data_source) of every row, read from two columns only: what routes a bank to its environment."""
     out = set()
     for path in bank_files(bank):
-        table = pq.read_table(path, columns=["data_source", "extra_info"])
+        table = read_bank(path, columns=["data_source", "extra_info"])
         for source, extra in zip(table.column(0).to_pylist(), table.column(1).to_pylist(), strict=True):
             try:
                 env = decode_extra(extra).get("env")

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 from pydantic import ValidationError
 
 from case_env.core import registry
-from case_env.core.bank import AGENT_NAMES, REQUIRED_COLUMNS, REQUIRED_EXTRA, ExtraInfo
+from case_env.core.bank import AGENT_NAMES, REQUIRED_COLUMNS, REQUIRED_EXTRA, BankError, ExtraInfo, read_bank
 from case_env.core.parts import AgentLoops, Banks
 
 
@@ -139,9 +139,9 @@ def _check_row(row: dict, tool_names: set[str]) -> list[str]:
 def validate(path: Path) -> Validation:
     result = Validation(path)
     try:
-        table = pq.read_table(path)
-    except (OSError, ValueError) as exc:
-        result.problems.append(f"cannot read parquet: {exc}")
+        table = read_bank(path)
+    except (FileNotFoundError, BankError) as exc:
+        result.problems.append(str(exc))
         return result
     missing = [c for c in REQUIRED_COLUMNS if c not in table.column_names]
     if missing:

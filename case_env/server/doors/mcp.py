@@ -80,8 +80,13 @@ class CaseMCP:
         self.app, self.env = app, env
         self.episodes: dict[str, DoorEpisode] = {}
         self.kept = 2 * max_sessions
+        self._listed: list[types.Tool] | None = None
         self.server = Server(
-            f"case-env-{env.name}", on_list_tools=self.list_tools, on_call_tool=self.call_tool
+            f"case-env-{env.name}",
+            on_list_tools=self.list_tools,
+            on_call_tool=self.call_tool,
+            # without it the SDK runs the whole tools/list for every call to check one tool's schema
+            get_tool_input_schema=self.input_schema,
         )
         # the server binds loopback by default; a caller's Host is checked by the token gate, not here
         security = TransportSecuritySettings(enable_dns_rebinding_protection=False)
@@ -93,24 +98,34 @@ class CaseMCP:
             max_sessions=max_sessions,
         )
 
-    async def list_tools(self, ctx: Any, params: Any) -> types.ListToolsResult:
-        state = self.app.state.server
-        tools = [
-            types.Tool(name=START, description=START_DOC, input_schema=_START_SCHEMA),
-            types.Tool(
-                name=FINISH, description="End the episode with the final answer.", input_schema=_FINISH_SCHEMA
-            ),
-        ]
-        for name in self.env.tools:
-            function = state.tools[name].openai_schema()["function"]
-            tools.append(
+    def tools(self) -> list[types.Tool]:
+        """The listing, built once: the tools and their schemas are fixed when the server starts."""
+        if self._listed is None:
+            state = self.app.state.server
+            listed = [
+                types.Tool(name=START, description=START_DOC, input_schema=_START_SCHEMA),
                 types.Tool(
-                    name=name,
-                    description=function.get("description") or name,
-                    input_schema=_scoped(function["parameters"]),
+                    name=FINISH,
+                    description="End the episode with the final answer.",
+                    input_schema=_FINISH_SCHEMA,
+                ),
+            ]
+            for name in self.env.tools:
+                function = state.tools[name].openai_schema()["function"]
+                description = function.get("description") or name
+                listed.append(
+                    types.Tool(
+                        name=name, description=description, input_schema=_scoped(function["parameters"])
+                    )
                 )
-            )
-        return types.ListToolsResult(tools=tools)
+            self._listed = listed
+        return self._listed
+
+    async def list_tools(self, ctx: Any, params: Any) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=self.tools())
+
+    def input_schema(self, name: str) -> dict | None:
+        return next((tool.input_schema for tool in self.tools() if tool.name == name), None)
 
     async def call_tool(self, ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
         arguments = dict(params.arguments or {})
