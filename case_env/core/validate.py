@@ -14,7 +14,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pyarrow.parquet as pq
 from pydantic import ValidationError
 
 from case_env.core import registry
