@@ -75,6 +75,16 @@ def _fail(message: str, code: int = 1) -> None:
     raise CommandError(message, code)
 
 
+def _reachable(url: str, problem: str, fix: str, timeout_s: float = 10.0) -> None:
+    """Fail with exit 2 unless something answers HTTP at `url` (any status: a 401 or 404 still answers)."""
+    import httpx
+
+    try:
+        httpx.get(url, timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        _fail(f"{problem} ({type(exc).__name__}: {exc or 'no answer'}); {fix}", 2)
+
+
 @app.command()
 def version() -> None:
     """Print the package version."""
@@ -257,10 +267,17 @@ def serve(
             "give case files with --cases)",
             2,
         )
+    elif data.data_root.is_dir() and not any(data.data_root.iterdir()) and not _case_files_given():
+        _fail(
+            f"data root {data.data_root} is empty: generate data there with `case-env synth --out "
+            f"{data.data_root}`, or point --data-root at a data root",
+            2,
+        )
     with tempfile.TemporaryDirectory(prefix="case-env-") as run_dir:
         if on_ray:
             _serve_on_ray(settings, data, replicas, Path(run_dir))
             return
+        _port_free(settings.host, settings.port)
         if settings.workers > 1:
             os.environ["PROMETHEUS_MULTIPROC_DIR"] = run_dir
         uvicorn.run(
@@ -276,6 +293,25 @@ def serve(
             # them cost a quarter of the door's server CPU (py-spy), for nothing on loopback or a cluster's LAN
             ws_per_message_deflate=False,
         )
+
+
+def _port_free(host: str, port: int) -> None:
+    """Refuse a port another process listens on now, before start-up (uvicorn would say only `[Errno 98]`)."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(
+            socket.SOL_SOCKET, socket.SO_REUSEADDR, 1
+        )  # as uvicorn binds: TIME_WAIT is no obstacle
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            _fail(
+                f"cannot listen on {host}:{port}: {exc.strerror or exc} (another server holds it?); choose "
+                "another port with --port or CASE_ENV_PORT",
+                2,
+            )
 
 
 def _check_doors(settings) -> None:
@@ -557,6 +593,19 @@ def eval_(
             timeout_s=call_timeout,
             temperature=temperature,
             max_tokens=max_tokens,
+        )
+    # both ends answer before anything is read or written: an unreachable URL is the user's to fix
+    _reachable(
+        f"{server_url.rstrip('/')}/healthz",
+        f"no tool server answers at {server_url}",
+        "start one with `case-env serve --data-root DIR` or pass its URL with --server",
+    )
+    if model is not None:
+        _reachable(
+            f"{model.base_url.rstrip('/')}/models",
+            f"no model server answers at {model_url}",
+            "check --model-url (an OpenAI-compatible base URL, usually ending in /v1) or start the model's "
+            "server (e.g. `transformers serve DIR`)",
         )
     try:
         results = run_eval(

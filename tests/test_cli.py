@@ -303,3 +303,21 @@ def test_every_command_reads_a_bank_one_way_and_names_what_is_wrong(bank, tmp_pa
     assert [line.split(":")[0] for line in result.stdout.splitlines()] == [
         str(bank / f"{split}.parquet") for split in ("train", "val", "test")
     ]
+
+
+def test_serve_refuses_a_busy_port_and_an_empty_root_naming_the_fix(dataset, tmp_path):
+    import socket
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    result = run("serve", "--data-root", str(empty))
+    assert result.returncode == 2 and f"data root {empty} is empty" in result.stderr
+    assert "case-env synth --out" in result.stderr and "Traceback" not in result.stderr
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        result = run("serve", "--data-root", str(dataset), "--port", str(port))
+    assert result.returncode == 2 and f"cannot listen on 127.0.0.1:{port}" in result.stderr
+    assert "--port or CASE_ENV_PORT" in result.stderr and "Errno" not in result.stderr

@@ -323,3 +323,23 @@ def test_a_model_server_that_times_out_ends_the_run_in_one_line_naming_the_fix(b
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert f"error: the model server {chat.url}/v1 failed: Request timed out." in done.stderr
     assert "run again with --resume and a larger --call-timeout" in done.stderr
+
+
+def test_eval_names_an_unreachable_tool_or_model_server_and_writes_nothing(bank, server, tmp_path):
+    import subprocess
+    import sys
+
+    def eval_(*args: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "case_env.cli", "eval", "--bank", str(bank / "test.parquet"), *args]
+        return subprocess.run(command, capture_output=True, text=True, timeout=120)
+
+    out = tmp_path / "out"
+    nowhere = "http://127.0.0.1:9"
+    result = eval_("--server", nowhere, "--agent", "random", "--out", str(out))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert f"no tool server answers at {nowhere}" in result.stderr and "case-env serve" in result.stderr
+    model = ("--model-url", f"{nowhere}/v1", "--model", "m")
+    result = eval_("--server", server.url, "--agent", "openai", *model, "--out", str(out))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert f"no model server answers at {nowhere}/v1" in result.stderr and "--model-url" in result.stderr
+    assert not out.exists()
