@@ -41,6 +41,7 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    rich_markup_mode=None,  # plain help: rich mode shows every flag as `<bool>` (typer 0.29)
 )
 data_app = typer.Typer(help="Inspect and validate a data root.", no_args_is_help=True)
 bank_app = typer.Typer(help="Build and validate banks in the CASE parquet schema.", no_args_is_help=True)
@@ -165,13 +166,17 @@ def _case_files_given() -> bool:
 
 @app.command()
 def serve(
-    data_root: Path = typer.Option(None, "--data-root", help="Data root (CASE_ENV_DATA_ROOT)."),
+    data_root: Path = typer.Option(
+        None, "--data-root", help="Data root (CASE_ENV_DATA_ROOT) [default: data/synthetic]."
+    ),
     host: str = typer.Option(None, "--host", help="Bind address (default 127.0.0.1; CASE_ENV_HOST)."),
     port: int = typer.Option(None, "--port", help="TCP port (default 8000; CASE_ENV_PORT)."),
     workers: int = typer.Option(
-        None, "--workers", min=1, max=64, help="Worker processes (CASE_ENV_WORKERS)."
+        None, "--workers", min=1, max=64, help="Worker processes (CASE_ENV_WORKERS) [default: 1]."
     ),
-    audit_log: Path = typer.Option(None, "--audit-log", help="JSON-lines audit file (CASE_ENV_AUDIT_LOG)."),
+    audit_log: Path = typer.Option(
+        None, "--audit-log", help="JSON-lines audit file (CASE_ENV_AUDIT_LOG) [default: none, no audit log]."
+    ),
     log_level: str = typer.Option("info", "--log-level", help="uvicorn log level."),
     access_log: bool = typer.Option(
         False,
@@ -180,7 +185,9 @@ def serve(
         "cheap call a fifth of its server time).",
     ),
     replay: Path = typer.Option(
-        None, "--replay", help="Serve recorded tool outputs from trajectory files (no data root needed)."
+        None,
+        "--replay",
+        help="Serve recorded tool outputs from trajectory files (no data root needed) [default: none].",
     ),
     on_ray: bool = typer.Option(
         False, "--ray", help="Deploy as Ray Serve replicas (the cluster in RAY_ADDRESS, else a local Ray)."
@@ -201,7 +208,7 @@ def serve(
     banks: list[Path] | None = typer.Option(
         None,
         "--bank",
-        help="A bank (parquet file or directory) the openenv and mcp doors serve rows of. Repeat for more.",
+        help="A bank (parquet file or directory) the openenv and mcp doors serve rows of. Repeat for more [default: none].",
     ),
 ) -> None:
     """Run the tool server for every registered environment. With CASE_ENV_TOKEN set, /v1 routes and
@@ -423,7 +430,7 @@ def rollouts(
         None,
         "--model",
         help="A language model generating on this machine (a Hugging Face directory, or smollm2) instead of "
-        "the scripted baseline (needs the model extra).",
+        "the scripted baseline (needs the model extra) [default: none, the scripted baseline].",
     ),
     temperature: float = typer.Option(
         0.0, "--temperature", min=0.0, help="The model's sampling temperature."
@@ -433,7 +440,11 @@ def rollouts(
         2048, "--response-length", min=16, help="verl's response budget of a trajectory, in tokens."
     ),
     max_turns: int = typer.Option(8, "--max-turns", min=1, help="The model's assistant turns per row."),
-    out: Path = typer.Option(None, "--out", help="Write rollouts.json and every turn (turns.jsonl) here."),
+    out: Path = typer.Option(
+        None,
+        "--out",
+        help="Write rollouts.json and every turn (turns.jsonl) here [default: none, not written].",
+    ),
 ) -> None:
     """Roll a bank's rows out through verl's agent loops, scored by verl's reward manager: the environment's
     scripted baseline, or a model generating on this machine (--model). Needs verl."""
@@ -523,12 +534,14 @@ def eval_(
         ..., "--out", help="Directory for trajectories.jsonl, images/, results.json, report.html."
     ),
     concurrency: int = typer.Option(4, "--concurrency", min=1, help="Rollouts in flight."),
-    limit: int | None = typer.Option(None, "--limit", min=1, help="Only the first N rows."),
+    limit: int | None = typer.Option(
+        None, "--limit", min=1, help="Only the first N rows [default: every row]."
+    ),
     resume: bool = typer.Option(
         False, "--resume", help="Continue a run in --out, skipping finished rollouts."
     ),
     token: str | None = typer.Option(
-        None, "--token", envvar="CASE_ENV_TOKEN", help="Bearer token of the server."
+        None, "--token", envvar="CASE_ENV_TOKEN", help="Bearer token of the server [default: none]."
     ),
     repeats: int = typer.Option(
         1, "--repeats", min=1, help="Rollouts per row; figures are means over all of them."
@@ -537,9 +550,11 @@ def eval_(
     model_url: str | None = typer.Option(
         None,
         "--model-url",
-        help="openai agent: base URL of an OpenAI-compatible server, e.g. http://host:8000/v1.",
+        help="openai agent: base URL of an OpenAI-compatible server, e.g. http://host:8000/v1 [default: none].",
     ),
-    model_name: str | None = typer.Option(None, "--model", help="openai agent: model name to request."),
+    model_name: str | None = typer.Option(
+        None, "--model", help="openai agent: model name to request [default: none]."
+    ),
     api_key: str = typer.Option("EMPTY", "--api-key", envvar="OPENAI_API_KEY", help="openai agent: API key."),
     max_turns: int | None = typer.Option(
         None, "--max-turns", min=1, help="Assistant turns per rollout (default: the environment's)."
@@ -673,7 +688,9 @@ def bench_server(
     out: Path = typer.Option(
         None, "--out", help="Directory for bench.json (default: bench-out/server[-ENV])."
     ),
-    rollouts: int = typer.Option(None, "--rollouts", "--clients", min=1, help="Concurrent virtual rollouts."),
+    rollouts: int = typer.Option(
+        None, "--rollouts", "--clients", min=1, help="Concurrent virtual rollouts [default: 256]."
+    ),
     duration: float = typer.Option(
         20.0, "--duration", min=1, help="Measured seconds per load (after warm-up)."
     ),
@@ -702,13 +719,16 @@ def bench_server(
         "data engine; openenv, OpenEnv's app factory, the openenv extra; floor, a bare Starlette route).",
     ),
     cache_mb: int = typer.Option(
-        None, "--cache-mb", min=0, help="Decoded-data cache budget per worker (a data root's)."
+        None,
+        "--cache-mb",
+        min=0,
+        help="Decoded-data cache budget per worker (a data root's) [default: the server's own].",
     ),
     doors: str = typer.Option(
         None,
         "--doors",
         help="An environment served from a data root: doors measured beside the tool API on one worker, "
-        "comma-separated (openenv, mcp; their extras).",
+        "comma-separated (openenv, mcp; their extras) [default: none].",
     ),
     model_latency_ms: str = typer.Option(
         None,

@@ -17,6 +17,7 @@ from typing import Any
 
 import typer
 from pydantic import BaseModel, ValidationError
+from pydantic_core import PydanticUndefined
 
 from case_env.core import registry
 from case_env.core.errors import CommandError
@@ -35,16 +36,43 @@ def _click_type(annotation: Any) -> Any:
     return annotation if annotation in _CLICK_TYPES else str
 
 
-def _fields(models: dict[str, type[BaseModel]]) -> dict[str, tuple[Any, str, list[str]]]:
-    """name -> (click type, help, environments taking it), over every environment's model."""
-    out: dict[str, tuple[Any, str, list[str]]] = {}
+def _fields(models: dict[str, type[BaseModel]]) -> dict[str, tuple[Any, str, list[str], dict[str, str]]]:
+    """name -> (click type, help, environments taking it, each one's default as shown), over every
+    environment's model."""
+    out: dict[str, tuple[Any, str, list[str], dict[str, str]]] = {}
     for env, model in models.items():
         for name, field in model.model_fields.items():
-            kind, described, takers = out.get(
-                name, (_click_type(field.annotation), field.description or "", [])
+            kind, described, takers, defaults = out.get(
+                name, (_click_type(field.annotation), field.description or "", [], {})
             )
-            out[name] = (kind, described, [*takers, env])
+            if takers and field.description and field.description not in described:
+                # the same option meaning other things in other environments: each one's sense, named
+                first = described if described.startswith(f"{takers[0]}: ") else f"{takers[0]}: {described}"
+                described = f"{first.rstrip('.')}; {env}: {field.description}"
+            default = field.get_default(call_default_factory=True)
+            if default is not PydanticUndefined:
+                defaults = {**defaults, env: _shown(default)}
+            out[name] = (kind, described, [*takers, env], defaults)
     return out
+
+
+def _shown(value: Any) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, tuple | list):
+        return ",".join(str(v) for v in value) or "none"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value)
+
+
+def _default_text(defaults: dict[str, str]) -> str:
+    """`[default: 10]`, or each environment's when they differ (`[default: clinic 20, imaging 10]`)."""
+    if not defaults:
+        return " [required]"
+    if len(set(defaults.values())) == 1:
+        return f" [default: {next(iter(defaults.values()))}]"
+    return " [default: " + ", ".join(f"{env} {value}" for env, value in sorted(defaults.items())) + "]"
 
 
 def describe_error(exc: ValidationError) -> str:
@@ -83,13 +111,14 @@ def options_command(
             annotation=str | None,
         )
     ]
-    for field, (kind, described, takers) in fields.items():
+    for field, (kind, described, takers, defaults) in fields.items():
         scope = "" if set(takers) == everyone else f" [{', '.join(takers)}]"
+        shown = described + scope + _default_text(defaults)
         params.append(
             inspect.Parameter(
                 field,
                 inspect.Parameter.KEYWORD_ONLY,
-                default=typer.Option(None, f"--{field.replace('_', '-')}", help=f"{described}{scope}"),
+                default=typer.Option(None, f"--{field.replace('_', '-')}", help=shown),
                 annotation=kind | None,
             )
         )

@@ -321,3 +321,37 @@ def test_serve_refuses_a_busy_port_and_an_empty_root_naming_the_fix(dataset, tmp
         result = run("serve", "--data-root", str(dataset), "--port", str(port))
     assert result.returncode == 2 and f"cannot listen on 127.0.0.1:{port}" in result.stderr
     assert "--port or CASE_ENV_PORT" in result.stderr and "Errno" not in result.stderr
+
+
+def test_every_option_names_its_default_and_flags_read_as_flags():
+    """Every option that takes a value says its default (or that it is required), in one plain style;
+    a flag is shown as a flag, not as `<bool>`."""
+    import typer
+
+    from case_env.cli import app
+
+    root = typer.main.get_command(app)
+
+    def commands(command, path):
+        if hasattr(command, "commands"):
+            for name, sub in command.commands.items():
+                yield from commands(sub, [*path, name])
+        else:
+            yield " ".join(path), command
+
+    silent, seen = [], 0
+    for path, command in commands(root, []):
+        context = type(root).context_class(command, info_name=path)
+        for option in command.params:
+            if option.param_type_name != "option" or option.is_flag or option.name == "help":
+                continue
+            seen += 1
+            record = option.get_help_record(context)
+            text = record[1] if record else ""
+            if not option.required and "default" not in text.lower() and "required" not in text:
+                silent.append(f"{path} {option.opts[0]}")
+    assert seen > 100 and not silent, silent
+
+    shown = run("synth", "--help").stdout
+    assert "<bool>" not in shown and "--force " in shown and "[default: 10]" in shown
+    assert "ukb-dicom" in shown and "[default: clinic csv, imaging nifti]" in " ".join(shown.split())

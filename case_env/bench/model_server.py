@@ -286,8 +286,14 @@ def _burst_line(b: dict) -> str:
     return (
         f"burst: {b['episodes']} episodes asking a {b['model_latency_ms']:g} ms model at once answered in "
         f"{b['seconds']} s by one server worker (bound {b['bound_s']:g} s: {b['in_flight_allowed']} in flight; peak "
-        f"{b['model_peak_in_flight']}); {b['outcomes']}"
+        f"{b['model_peak_in_flight']}); answers: {_counts(b['outcomes'])} (a fixed burst: --rollouts sizes the "
+        "calls above)"
     )
+
+
+def _counts(outcomes: dict[str, int]) -> str:
+    """{'ok': 1000, 'http_503': 24} as `1000 ok, 24 http_503`."""
+    return ", ".join(f"{n} {kind}" for kind, n in sorted(outcomes.items(), key=lambda kv: -kv[1])) or "none"
 
 
 def _rewards_line(r: dict) -> str:

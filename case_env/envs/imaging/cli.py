@@ -75,7 +75,7 @@ def _register_real_data(root: typer.Typer) -> None:
             None,
             "--copy-derivatives-from",
             help="Take label maps, lesion maps and reports from another root (matched by eid and session; "
-            "grids must agree) instead of running a segmentation engine.",
+            "grids must agree) instead of running a segmentation engine [default: none].",
         ),
         device: str = typer.Option("cpu", "--device", help="TotalSegmentator device: cpu, gpu or mps."),
         force: bool = typer.Option(False, "--force", help="Replace existing label maps."),
@@ -105,7 +105,9 @@ def _register_bench(bench: typer.Typer) -> None:
         calls: int = typer.Option(400, "--calls", min=1, help="Renders per pass."),
         repeats: int = typer.Option(7, "--repeats", min=1, help="Passes; the least is reported."),
         seed: int = typer.Option(0, "--seed", help="Seed of the render mix."),
-        out: Path | None = typer.Option(None, "--out", help="Also write the figures here as JSON."),
+        out: Path | None = typer.Option(
+            None, "--out", help="Also write the figures here as JSON [default: none]."
+        ),
     ) -> None:
         """CPU per uncached render_slice in one thread, against the deflate floor and the thread hop."""
         from case_env.envs.imaging.bench.render import run_render_bench
