@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 
 import nibabel as nib
@@ -16,6 +17,37 @@ from case_env.envs.imaging.synth.writer import generate_dataset
 
 SEED = 11
 PATIENTS = 10  # one of each scenario (scenarios are dealt round-robin)
+
+
+# A wall-clock limit catches a hang, never a slow machine: pytest-timeout's limit (pyproject, set for this
+# suite's CI machine, 2 cores) is stretched by how much slower this machine runs a fixed piece of work now,
+# and by at least SLACK, so a loaded laptop's run is slower but not red.
+REFERENCE_WORK_S = 0.15  # `_work()` on the CI machine, alone
+SLACK = 2.0
+
+
+def _work() -> float:
+    started = time.perf_counter()
+    total = 0
+    for i in range(2_000_000):
+        total += i % 7
+    np.sort(np.random.default_rng(0).random(2_000_000))
+    return time.perf_counter() - started
+
+
+def pytest_collection_modifyitems(config, items):
+    slowdown = max(1.0, min(_work(), _work()) / REFERENCE_WORK_S)
+    base = float(config.getini("timeout") or 0)
+    for item in items:
+        marker = item.get_closest_marker("timeout")
+        limit = float(marker.args[0]) if marker and marker.args else base
+        if limit:
+            item.add_marker(pytest.mark.timeout(limit * slowdown * SLACK), append=False)  # the closest wins
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(
+            f"wall-clock limits: x{SLACK * slowdown:.1f} (slack {SLACK:g}, machine x{slowdown:.2f})"
+        )
 
 
 @pytest.fixture(scope="session")

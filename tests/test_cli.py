@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from PIL import Image
 
 
@@ -355,3 +356,49 @@ def test_every_option_names_its_default_and_flags_read_as_flags():
     shown = run("synth", "--help").stdout
     assert "<bool>" not in shown and "--force " in shown and "[default: 10]" in shown
     assert "ukb-dicom" in shown and "[default: clinic csv, imaging nifti]" in " ".join(shown.split())
+
+
+@pytest.mark.parametrize(
+    ("command", "named"),
+    [
+        (["-m", "case_env.verl.launch", "--help"], None),
+        (["-m", "case_env.verl.launch", "--data", "/nowhere", "--dry-run"], "--model"),
+        (["-m", "case_env.verl.launch", "--data", "/nowhere", "--model", "m", "--dry-run"], "does not exist"),
+        (
+            ["-m", "case_env.cli", "train", "preflight", "--data", "/nowhere", "--model", "m"],
+            "does not exist",
+        ),
+        (["-m", "case_env.cli", "rollouts", "--bank", "/nowhere"], "bank /nowhere does not exist"),
+        (
+            [
+                "-m",
+                "case_env.cli",
+                "eval",
+                "--bank",
+                "/nowhere",
+                "--server",
+                "http://127.0.0.1:9",
+                "--agent",
+                "x",
+                "--out",
+                "/tmp/unused",
+            ],
+            "unknown agent 'x'",
+        ),
+    ],
+)
+def test_argument_and_path_errors_answer_before_verl_or_torch_is_imported(command, named):
+    """A wrong argument or path is named before the seconds verl and torch take to import: checked by what
+    the interpreter imported (`-X importtime`), not by a clock."""
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", *command], capture_output=True, text=True, timeout=300
+    )
+    imported = {
+        line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if "import time:" in line
+    }
+    said = (
+        "\n".join(line for line in result.stderr.splitlines() if "import time:" not in line) + result.stdout
+    )
+    assert result.returncode == (0 if named is None else 2), said
+    assert named is None or named in said
+    assert not {"verl", "torch", "transformers", "ray"} & imported, said

@@ -285,7 +285,7 @@ def test_launch_script_dry_run_composes_verls_config(bank):
         env=env,
         timeout=600,
     )
-    assert missing.returncode == 2 and "train.parquet is missing" in missing.stderr
+    assert missing.returncode == 2 and f"bank {bank / 'nowhere'} does not exist" in missing.stderr
 
 
 def test_scripted_rollouts_through_the_tool_agent_loop_earn_full_reward(bank, server):

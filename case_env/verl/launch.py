@@ -18,6 +18,7 @@ reasoning.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import re
 import subprocess
@@ -28,9 +29,8 @@ from pathlib import Path
 import httpx
 
 import case_env.reward
-import case_env.verl.dataset as case_dataset
 from case_env.core import registry
-from case_env.core.bank import bank_sources
+from case_env.core.bank import bank_sources, split_file
 from case_env.core.calls import FORMATS
 from case_env.core.parts import AgentLoops, Judged, Recipe, Recipes
 from case_env.reward import score_deadline_s
@@ -40,6 +40,12 @@ from case_env.verl.config import write
 # A recipe is the overrides that differ from the base recipe (`grpo`, ours); environments add their own
 # (`case_env.core.parts.Recipes`).
 BASE = Recipe({}, group_size=8, epochs=3, rollout="vllm", summary="ours")
+
+
+def _module_file(name: str) -> Path:
+    spec = importlib.util.find_spec(name)
+    assert spec is not None and spec.origin is not None, name
+    return Path(spec.origin).resolve()
 
 
 def recipes() -> dict[str, Recipe]:
@@ -286,7 +292,8 @@ class Plan:
             f"data.max_prompt_length={BASE_VALUES['data.max_prompt_length']}",
             "data.max_response_length=16384",
             "data.filter_overlong_prompts=True",
-            f"data.custom_cls.path={Path(case_dataset.__file__).resolve()}",
+            # found, not imported: importing it imports verl (seconds), and argument errors answer first
+            f"data.custom_cls.path={_module_file('case_env.verl.dataset')}",
             "data.custom_cls.name=CaseRLHFDataset",
             f"actor_rollout_ref.model.path={args.model}",
             f"actor_rollout_ref.actor.ppo_mini_batch_size={mini_batch}",
@@ -460,9 +467,13 @@ def validate(config) -> None:
 
 def check_inputs(args: argparse.Namespace) -> list[str]:
     problems = []
-    for name in ("train.parquet", "val.parquet"):
-        if not (args.data / name).is_file():
-            problems.append(f"{args.data / name} is missing (run `case-env bank build`)")
+    for split in ("train", "val"):
+        try:
+            split_file(args.data, split)
+        except FileNotFoundError as exc:
+            problems.append(str(exc))
+            if not args.data.is_dir():
+                break  # one line for a bank that is not there at all
     if args.tool_config is not None and not args.tool_config.is_file():
         problems.append(f"{args.tool_config} is missing (run `case-env verl-config`)")
     if args.token_file is not None and not args.token_file.is_file():
@@ -524,8 +535,6 @@ class RunRefusedError(Exception):
 def prepare(argv: list[str], prog: str = "scripts/train_grpo.sh"):
     """Parse the options, check the inputs, choose the chat template and compose verl's config: the run as
     `case-env train preflight` checks it (a `Preflight` whose `config` is composed and validated)."""
-    from case_env.verl.preflight import Preflight
-
     args, extra = parse(argv, prog)
     problems = check_inputs(args)
     if problems:
@@ -535,6 +544,8 @@ def prepare(argv: list[str], prog: str = "scripts/train_grpo.sh"):
     exposed = not is_loopback(httpx.URL(args.server_url).host) or not is_loopback(args.server_host)
     if exposed and token(args) is None:
         raise RunRefusedError(["a server beyond loopback needs a token: set CASE_ENV_TOKEN or --token-file"])
+    from case_env.verl.preflight import Preflight  # imports verl (seconds): after the arguments' checks
+
     run = Preflight(Plan(args, extra, env_vars=forwarded_env(args, worker_url(args))))
     try:
         run.compose()
@@ -548,8 +559,6 @@ def prepare(argv: list[str], prog: str = "scripts/train_grpo.sh"):
 def main(argv: list[str] | None = None, preflight_only: bool = False) -> int:
     """The run: compose, check (preflight), start verl's main_ppo; `preflight_only` stops after the checks
     (`case-env train preflight`). 0 when it ran (or every check passed), 2 on a refusal."""
-    from case_env.verl.preflight import printable
-
     prog = "case-env train preflight" if preflight_only else "scripts/train_grpo.sh"
     try:
         run = prepare(sys.argv[1:] if argv is None else argv, prog)
@@ -557,6 +566,8 @@ def main(argv: list[str] | None = None, preflight_only: bool = False) -> int:
         for problem in refused.problems:
             print(f"error: {problem}", file=sys.stderr)
         return 2
+    from case_env.verl.preflight import printable
+
     plan, args = run.plan, run.args
     if args.dry_run:
         run.check(live=False)
