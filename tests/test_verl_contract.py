@@ -237,6 +237,7 @@ def test_launch_script_dry_run_composes_verls_config(bank):
             "bash",
             str(REPO / "scripts/train_grpo.sh"),
             "--dry-run",
+            "--print-config",
             "--model",
             "Qwen/Qwen2.5-VL-7B-Instruct",
             "--data",
@@ -252,12 +253,20 @@ def test_launch_script_dry_run_composes_verls_config(bank):
         env=env,
         timeout=600,
     )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "dry run: config composed and validated" in result.stdout
-    # the preflight table first, then the whole config as YAML
-    assert result.stdout.index("preflight: ") < result.stdout.index("actor_rollout_ref:")
+    # no GPU and no vLLM here: the checks that need them fail, so the dry run says so and exits 2
+    assert result.returncode == 2, result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    assert (
+        lines[-1] == "dry run: config composed and validated by verl; a check failed, fix it before starting"
+    )
+    assert lines[-2].startswith("preflight: ") and lines[-2].endswith("failed")
+    assert any(line.startswith("  FAIL       GPUs ") for line in lines)
+    # the config (asked for with --print-config) first, then the main_ppo command, the table last
     config = yaml.safe_load(
-        result.stdout[result.stdout.index("actor_rollout_ref:") :].rsplit("dry run:", 1)[0]
+        result.stdout[result.stdout.index("actor_rollout_ref:") : result.stdout.index("the run: ")]
+    )
+    assert result.stdout.index("the run: python -m verl.trainer.main_ppo") < result.stdout.index(
+        "preflight: "
     )
     rollout = config["actor_rollout_ref"]["rollout"]
     assert config["algorithm"]["adv_estimator"] == "grpo"
@@ -266,10 +275,19 @@ def test_launch_script_dry_run_composes_verls_config(bank):
         rollout["agent"]["default_agent_loop"] == "tool_agent"
         and config["trainer"]["total_training_steps"] == 3
     )
-    # the model's tool-call format, and the tool YAML of the bank's environment written beside the bank
+    # the model's tool-call format, and the bank's environment's tools; a dry run writes nothing into the bank
     assert rollout["multi_turn"]["format"] == "qwen3_coder"
-    assert rollout["multi_turn"]["tool_config_path"] == str(bank.resolve() / "verl_tools.yaml")
-    assert (bank / "verl_tools.yaml").read_text() == render(registry.get("imaging"))
+    assert rollout["multi_turn"]["tool_config_path"].endswith("/verl_tools.yaml")
+    assert not (bank / "verl_tools.yaml").exists()
+    assert not Path(rollout["multi_turn"]["tool_config_path"]).exists()  # the dry run's copy is gone
+    quiet = subprocess.run(
+        ["bash", str(REPO / "scripts/train_grpo.sh"), "--dry-run", "--model", "m", "--data", str(bank)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert "actor_rollout_ref:" not in quiet.stdout and len(quiet.stdout.splitlines()) < 20
     missing = subprocess.run(
         [
             "bash",

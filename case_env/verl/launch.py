@@ -18,11 +18,14 @@ reasoning.
 from __future__ import annotations
 
 import argparse
+import atexit
 import importlib.util
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -214,7 +217,13 @@ def parse(argv: list[str], prog: str = "scripts/train_grpo.sh") -> tuple[argpars
     parser.add_argument(
         "--dry-run",
         action="store_true",
-        help="Print the preflight table and the whole composed config, validated by verl; start nothing.",
+        help="Compose the config, validate it with verl and print the preflight table and the main_ppo "
+        "command; start and write nothing (exit 2 when a check fails).",
+    )
+    parser.add_argument(
+        "--print-config",
+        action="store_true",
+        help="With --dry-run: also print the whole composed config (about a thousand lines of YAML).",
     )
     args, extra = parser.parse_known_args(argv)
     recipe = known[args.recipe]
@@ -514,9 +523,14 @@ def agent_loop_overrides(data: Path) -> list[str]:
     return [f"actor_rollout_ref.rollout.agent.agent_loop_config_path={path}"]
 
 
-def bank_tool_config(data: Path) -> Path:
-    """The tool YAML of the bank's environment, written beside the bank (always equal to its tools)."""
-    return write(registry.get(bank_env(data)), data / "verl_tools.yaml")
+def bank_tool_config(data: Path, dry_run: bool = False) -> Path:
+    """The tool YAML of the bank's environment, written beside the bank (always equal to its tools); a dry
+    run writes nothing there, so it composes with a copy in a temporary directory."""
+    folder = data
+    if dry_run:
+        folder = Path(tempfile.mkdtemp(prefix="case-env-dry-run-"))
+        atexit.register(shutil.rmtree, folder, True)
+    return write(registry.get(bank_env(data)), folder / "verl_tools.yaml")
 
 
 def concurrency(args: argparse.Namespace) -> int:
@@ -540,7 +554,7 @@ def prepare(argv: list[str], prog: str = "scripts/train_grpo.sh"):
     if problems:
         raise RunRefusedError(problems)
     if args.tool_config is None:
-        args.tool_config = bank_tool_config(args.data.resolve())
+        args.tool_config = bank_tool_config(args.data.resolve(), args.dry_run)
     exposed = not is_loopback(httpx.URL(args.server_url).host) or not is_loopback(args.server_host)
     if exposed and token(args) is None:
         raise RunRefusedError(["a server beyond loopback needs a token: set CASE_ENV_TOKEN or --token-file"])
@@ -571,10 +585,17 @@ def main(argv: list[str] | None = None, preflight_only: bool = False) -> int:
     plan, args = run.plan, run.args
     if args.dry_run:
         run.check(live=False)
-        run.print_table()
-        print(printable(run.config))
-        print(f"dry run: config composed and validated ({len(plan.overrides())} overrides)")
-        return 0
+        if args.print_config:
+            print(printable(run.config))
+        print(
+            f"the run: python -m verl.trainer.main_ppo ({len(plan.overrides())} overrides; --print-config shows the config)"
+        )
+        run.print_table()  # last, where a terminal leaves it in view
+        print(
+            "dry run: config composed and validated by verl; "
+            + ("ready to start" if run.passed else "a check failed, fix it before starting")
+        )
+        return 0 if run.passed else 2
     server = None
     try:
         server = ensure_server(
