@@ -382,6 +382,10 @@ def data_check(
         lines += found.lines
         errors += found.errors
         warnings += found.warnings
+    if not lines and not errors:
+        errors.append(
+            f"data root {root} holds no data of any environment (run `case-env synth --env ENV --out {root}`)"
+        )
     if as_json:
         typer.echo(json.dumps({**summary, "problems": errors, "warnings": warnings}, indent=2))
     else:

@@ -165,3 +165,25 @@ def test_oblique_images_are_a_warning_not_an_error(dataset, tmp_path):
     result = run_cli("data", "check", str(root), cache=tmp_path / "cache")
     assert result.returncode == 0, result.stderr
     assert "warning:" in result.stderr and "oblique image axes (5.0 degrees)" in result.stderr
+
+
+def test_a_root_of_text_cases_alone_is_not_an_imaging_problem(tmp_path):
+    """A root holding only clinic cases: data check and the server skip imaging (no "no subjects" problem);
+    a root holding nothing any environment reads is refused by name."""
+    from case_env.core import registry
+    from case_env.settings import DataSettings
+
+    root = tmp_path / "clinic-only"
+    assert run_cli("synth", "--env", "clinic", "--out", str(root), cache=tmp_path / "c").returncode == 0
+    checked = run_cli("data", "check", str(root), cache=tmp_path / "c")
+    assert checked.returncode == 0, checked.stderr
+    assert "clinic cases: 10" in checked.stdout and "subjects" not in checked.stdout + checked.stderr
+    served = registry.get("imaging").open_cases(DataSettings(data_root=root, cache_dir=tmp_path / "c"))
+    assert served.ids() == [] and not list(served.problems.shown())
+
+    junk = tmp_path / "junk"
+    junk.mkdir()
+    (junk / "notes.txt").write_text("not a data root")
+    checked = run_cli("data", "check", str(junk), cache=tmp_path / "c")
+    assert checked.returncode == 1
+    assert f"data root {junk} holds no data of any environment" in checked.stderr

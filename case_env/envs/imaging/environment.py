@@ -208,9 +208,13 @@ class ImagingEnvironment(
         return []
 
     # -- data -----------------------------------------------------------------------------------------
-    def check_data(self, root: Path) -> DataCheck:
+    def check_data(self, root: Path) -> DataCheck | None:
         from case_env.envs.imaging.clinical import load_clinical
         from case_env.envs.imaging.data.check import check_root
+        from case_env.envs.imaging.data.index import holds_imaging
+
+        if root.is_dir() and not holds_imaging(root):
+            return None  # the root holds other environments' cases only
         from case_env.envs.imaging.data.store import PatientStore
         from case_env.envs.imaging.idps import compare, load_idps
 

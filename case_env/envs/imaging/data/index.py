@@ -289,6 +289,14 @@ def _patient(index: DataIndex, subdir: Path, participant: dict[str, str]) -> Pat
     )
 
 
+def holds_imaging(root: Path) -> bool:
+    """Whether a root is meant to hold imaging data: a subject, a participants table or a dataset
+    description (BIDS), or nothing else at all (an empty root is refused, never skipped)."""
+    entries = list(root.iterdir()) if root.is_dir() else []
+    markers = {layout.PARTICIPANTS.name, "participants.json", "dataset_description.json"}
+    return not entries or any(p.name.startswith("sub-") or p.name in markers for p in entries)
+
+
 def scan(root: Path) -> DataIndex:
     """Index a data root; problems are collected, never raised."""
     root = Path(root).expanduser().resolve()
@@ -308,9 +316,10 @@ def scan(root: Path) -> DataIndex:
     participants = _participants(index)
     subjects = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("sub-"))
     if not subjects:
-        index.problems.append(
-            Problem("", f"data root {root} contains no subjects (expected sub-<label>/ directories)")
-        )
+        if holds_imaging(root):  # a root of the other environments' cases alone is not imaging's problem
+            index.problems.append(
+                Problem("", f"data root {root} contains no subjects (expected sub-<label>/ directories)")
+            )
         return index
     for subdir in subjects:
         patient = _patient(index, subdir, participants.get(subdir.name, {}))
