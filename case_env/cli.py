@@ -294,6 +294,8 @@ def serve(
             _serve_on_ray(settings, data, replicas, Path(run_dir))
             return
         _port_free(settings.host, settings.port)
+        if settings.audit_log is None:
+            typer.echo("audit log disabled (set CASE_ENV_AUDIT_LOG or --audit-log)", err=True)
         if settings.workers > 1:
             os.environ["PROMETHEUS_MULTIPROC_DIR"] = run_dir
         uvicorn.run(

@@ -409,3 +409,28 @@ def test_envs_lists_tools_in_lines_a_terminal_shows_and_parts_only_when_asked():
     assert "  tools (69): ask_patient, xray" in listed and "parts:" not in listed
     assert max(len(line) for line in listed.splitlines()) <= 100
     assert "  parts: Banks, " in run("envs", "--verbose").stdout
+
+
+def test_rollouts_print_their_table_and_one_notice(dataset, bank):
+    """What the demo shows of a rollout run: the table, the audit notice once (not once per server worker),
+    no line of verl's dataset."""
+    result = run(
+        "rollouts", "--bank", str(bank), "--split", "train", "--data-root", str(dataset), "--per-source", "1"
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    shown = (result.stdout + result.stderr).splitlines()
+    assert shown.count("audit log disabled (set CASE_ENV_AUDIT_LOG or --audit-log)") == 1
+    assert not [line for line in shown if "dataset len" in line]
+    header = next(line for line in shown if line.startswith("data source"))
+    assert header.split() == [
+        "data",
+        "source",
+        "n",
+        "reward",
+        "accuracy",
+        "format",
+        "ok",
+        "calls",
+        "ok",
+        "infra",
+    ]

@@ -162,8 +162,8 @@ def create_app(
             if settings.warm_patients
             else None,
         )
-        if settings.audit_log is None:
-            log.warning("audit log disabled (set CASE_ENV_AUDIT_LOG or --audit-log)")
+        if settings.audit_log is None:  # `case-env serve` says it once for all its workers
+            log.info("audit log disabled (set CASE_ENV_AUDIT_LOG or --audit-log)")
         app.state.server = state
         app.serving = state
         # what start-up built (modules, schemas, cases) lives as long as the worker: keep it out of the

@@ -92,9 +92,10 @@ def load_rows(parquet: Path, per_source: int, tokenizer: Any = None) -> list[dic
             "truncation": "error",
         }
     )
-    data = CaseRLHFDataset(
-        data_files=[str(parquet)], tokenizer=tokenizer or build_tokenizer(), config=config, processor=None
-    )
+    with contextlib.redirect_stdout(io.StringIO()):  # verl prints `dataset len: N` on construction
+        data = CaseRLHFDataset(
+            data_files=[str(parquet)], tokenizer=tokenizer or build_tokenizer(), config=config, processor=None
+        )
     chosen: dict[str, list] = defaultdict(list)
     for i in range(len(data)):
         item = data[i]
