@@ -80,7 +80,7 @@ demo-real: $(STAMP)
 		--out $(DEMO_REAL)/bank --seed $(DEMO_SEED)
 	$(BIN)/case-env rollouts --bank $(DEMO_REAL)/bank --split train --data-root $(DEMO_REAL)/root --per-source 8
 
-# The GPU training venv (README, "Training on GPUs"), apart from .venv: verl 0.9.1 with its own engine extra,
+# The GPU training venv (docs/training.md), apart from .venv: verl 0.9.1 with its own engine extra,
 # which pins the engine and a CUDA 13.0 build of torch (vllm 0.24.0 or sglang 0.5.12, with torch 2.11.0), then
 # flash-attn 2.8.3 (verl's fsdp extra; verl loads models with flash_attention_2), then case-env. verl's own uv
 # setup takes flash-attn as a prebuilt wheel for CUDA 13.0 and torch 2.11 from mjun0812's

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GRPO with multi-turn tools on verl 0.9.1 against a case-env server (README, "Training on GPUs").
+# GRPO with multi-turn tools on verl 0.9.1 against a case-env server (docs/training.md).
 #
 #   scripts/train_grpo.sh --model Qwen/Qwen2.5-VL-7B-Instruct --data bank/ [--recipe grpo|medexagent]
 #                         [--gpus 8] [--nodes 1] [--server-url URL] [--server-host 0.0.0.0] [--token-file F]

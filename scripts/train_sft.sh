@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The supervised stage before RL on verl 0.9.1's SFT trainer (README, "Training on GPUs").
+# The supervised stage before RL on verl 0.9.1's SFT trainer (docs/training.md).
 #
 #   scripts/train_sft.sh --recipe medexagent --model OpenMeditron/Meditron3-8B --data sft/train.jsonl
 #                        [--val sft/val.jsonl] [--gpus 8] [--nodes 1] [--checkpoint-dir DIR] [--dry-run]

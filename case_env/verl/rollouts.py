@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import datasets
 from omegaconf import OmegaConf
 from verl.tools.tool_registry import load_all_tools
 
@@ -92,6 +93,7 @@ def load_rows(parquet: Path, per_source: int, tokenizer: Any = None) -> list[dic
             "truncation": "error",
         }
     )
+    datasets.disable_progress_bars()  # a bar per split read, on every run: noise in a command's output
     with contextlib.redirect_stdout(io.StringIO()):  # verl prints `dataset len: N` on construction
         data = CaseRLHFDataset(
             data_files=[str(parquet)], tokenizer=tokenizer or build_tokenizer(), config=config, processor=None

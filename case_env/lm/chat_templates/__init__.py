@@ -1,4 +1,4 @@
-"""Tool-capable chat templates for the model families the README trains, shipped with the package.
+"""Tool-capable chat templates for the model families the training docs name, shipped with the package.
 
 verl renders a VL model's prompts with its *processor's* chat template and passes `tools=` to it; Qwen2.5-VL's
 published processor template has no tool block, renders a tool message under its own role and no
