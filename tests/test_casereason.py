@@ -358,6 +358,21 @@ def test_eval_reports_accuracy_at_k_in_both_modes_and_recall(dataset, tmp_path):
         for k in ("acc@1", "acc@5"):
             assert reader[mode][k] >= symptoms[mode][k] + 0.2, (mode, k)
     assert reader["sequential"]["acc@5"] >= 0.95 and symptoms["sequential"]["acc@5"] <= 0.8
+    # the report leads with these figures and the accuracy-at-k plot, above the fold at 1,280 px
+    from tests.browser import assert_reads_at_a_glance
+
+    page = tmp_path / "reader" / "report.html"
+    seen = assert_reads_at_a_glance(page, tmp_path)
+    assert (
+        seen["plots"] == 1
+        and seen["table-rows"]
+        == len(json.loads((tmp_path / "reader" / "results.json").read_text())["by_data_source"]) + 1
+    )
+    text = page.read_text()
+    assert f"<b>{reader['independent']['acc@1']:.3f}</b> (independent)" in text
+    summary = text.split("id='accuracy'", 1)[1].split("</table>", 1)[0]
+    assert "seq acc@5" in summary and f"<td>{reader['sequential']['acc@5']:.3f}</td>" in summary
+    assert "server 0.1.0 ·</p>" not in text and text.index("id='accuracy'") < text.index("Trajectories")
 
 
 def reader_model(messages: list[dict], apart: bool = False) -> dict:

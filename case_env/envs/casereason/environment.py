@@ -22,6 +22,7 @@ from case_env.core.parts import (
     HeldContext,
     Judged,
     PolicyFactory,
+    ReportParts,
     Synthesis,
     SynthOptions,
     TextBankOptions,
@@ -174,6 +175,9 @@ class CaseReasonEnvironment(
 
     def summary_lines(self, results: dict) -> list[str]:
         return evaluation.summary_lines(results)
+
+    def report(self, runs: list[tuple[str, dict]], records: list[dict]) -> ReportParts:
+        return evaluation.report(runs, records)
 
 
 def _submitted(calls: Sequence[ExecutedCall]) -> list[str]:

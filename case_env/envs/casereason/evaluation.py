@@ -21,7 +21,7 @@ import math
 from collections import defaultdict
 
 from case_env.core.bank import Item
-from case_env.core.parts import Variant
+from case_env.core.parts import ReportParts, Variant
 from case_env.envs.casereason.bank import SEQUENTIAL_RULE
 
 SAMPLES = 10
@@ -127,3 +127,69 @@ def summary_lines(results: dict) -> list[str]:
                 f"{a.get('acc@10', 0):7.3f} {g['recall']:7.3f}"
             )
     return lines
+
+
+def _rows(results: dict) -> list[list[str]]:
+    rows = []
+    for name, g in {**results["by_data_source"], "overall": results["overall"]}.items():
+        cells = [
+            f"{g[mode].get(f'acc@{k}', float('nan')):.3f}" for mode in ("independent", SEQUENTIAL) for k in KS
+        ]
+        rows.append([name, str(g["n"]), *cells, f"{g['recall']:.3f}", f"{g['format_error_rate']:.3f}"])
+    return rows
+
+
+def accuracy_at_k_plot(runs: list[tuple[str, dict]]) -> bytes:
+    """Accuracy against attempts k, one line per run and reading of k-shot (solid independent pass@k, dashed
+    sequential)."""
+    from case_env.eval.report import figure, png
+
+    fig, ax = figure(7.2, 3.8)
+    for i, (label, results) in enumerate(runs):
+        for mode, style in (("independent", "-o"), (SEQUENTIAL, "--s")):
+            points = [
+                (k, results["overall"][mode][f"acc@{k}"])
+                for k in KS
+                if f"acc@{k}" in results["overall"][mode]
+            ]
+            if points:
+                ks, accs = zip(*points, strict=True)
+                ax.plot(ks, accs, style, color=f"C{i}", label=f"{label} ({mode})")
+    ax.set_xticks(KS)
+    ax.set_xlabel("attempts k")
+    ax.set_ylabel("diagnostic accuracy at k")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, frameon=False)
+    return png(fig)
+
+
+def report(runs: list[tuple[str, dict]], records: list[dict]) -> ReportParts:
+    header = [
+        "",
+        "n",
+        *(f"{m[:3]} acc@{k}" for m in ("independent", SEQUENTIAL) for k in KS),
+        "recall",
+        "format errors",
+    ]
+    tables = [
+        (
+            f"{label}: by data source" if len(runs) > 1 else "Accuracy at k",
+            "accuracy" if i == 0 else f"accuracy-{i}",
+            header,
+            _rows(results),
+        )
+        for i, (label, results) in enumerate(runs)
+    ]
+    overall = runs[0][1]["overall"]
+    headline = (
+        f"accuracy at 1 <b>{overall['independent'].get('acc@1', 0):.3f}</b> (independent), "
+        f"<b>{overall[SEQUENTIAL].get('acc@1', 0):.3f}</b> (sequential) over {overall['n']} cases; "
+        f"reasoning recall {overall['recall']:.3f}"
+    )
+    notes = (
+        "<p>ind: pass@k from independent single-turn samples; seq: a case counts at k when its first correct "
+        "submission through <code>submit_diagnosis</code> is among the first k (MedCaseReasoning's two readings "
+        "of k-shot). Recall: the share of the clinician's reasoning statements the first sample's thinking covers.</p>"
+    )
+    return ReportParts(headline, tables, [accuracy_at_k_plot(runs)], "Accuracy at k attempts", notes)

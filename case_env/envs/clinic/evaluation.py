@@ -110,7 +110,9 @@ def cost_accuracy_plot(points: list[tuple[str, float, float]]) -> bytes:
     ax.set_xlabel("mean cost penalty per case (the reward profile's, in units of the costliest exam)")
     ax.set_ylabel("strict diagnostic accuracy")
     ax.set_ylim(-0.02, 1.05)
-    ax.set_xlim(left=-0.05)
+    costs = [cost for _, cost, _ in points] or [0.0]
+    pad = max(0.05, 0.08 * (max(costs) - min(costs)))  # a lone point sits inside the frame, not on its edge
+    ax.set_xlim(min(costs) - pad, max(costs) + pad)
     ax.grid(alpha=0.3)
     ax.set_title("Cost against accuracy")
     return png(fig)
@@ -137,6 +139,15 @@ def _rows(groups: dict[str, dict]) -> list[list[str]]:
 def report(runs: list[tuple[str, dict]], records: list[dict]) -> ReportParts:
     header = ["", *(c[0] for c in COLUMNS)]
     tables = []
+    if len(runs) > 1:  # the page's summary: one row per run, the per-run tables folded below it
+        tables.append(
+            (
+                "Summary: one row per run",
+                "summary",
+                ["run", *header[1:]],
+                _rows({label: r["overall"] for label, r in runs}),
+            )
+        )
     for i, (label, results) in enumerate(runs):
         prefix = f"{label}: " if len(runs) > 1 else ""
         groups = {**results["by_data_source"], "overall": results["overall"]}

@@ -98,13 +98,13 @@ def _plots(records: list[dict]) -> list[bytes]:
         for m in r["messages"]:
             for call in m.get("tool_calls") or []:
                 tools_used[call["function"]["name"]] += 1
-    fig, ax = figure(5.2, 3.2)
+    fig, ax = figure(6.4, 3.6)
     names = sorted(by_persona)
     ax.boxplot([by_persona[n] for n in names], tick_labels=names)
     ax.set_ylabel("tool calls per question")
     ax.set_title("Tool calls by persona")
     first = png(fig)
-    fig, ax = figure(5.2, 3.2)
+    fig, ax = figure(6.4, 3.6)
     common = tools_used.most_common()
     ax.barh([n for n, _ in common][::-1] or ["(none)"], [c for _, c in common][::-1] or [0], color="#4a78b5")
     ax.set_xlabel("calls")
