@@ -428,3 +428,10 @@ def test_rollouts_print_their_table_and_one_notice(dataset, bank):
     assert header.split() == table[0].split()
     ran = shown[shown.index(header) + 1 :]
     assert [line.split()[0] for line in ran] == [line.split()[0] for line in table[1 : 1 + len(ran)]]
+
+
+def test_train_preflight_offers_only_what_the_checks_take():
+    shown = run("train", "preflight", "--help").stdout
+    assert "--model" in shown and "--dry-run" not in shown and "--skip-preflight" not in shown
+    refused = run("train", "preflight", "--model", "m", "--data", "/nowhere", "--dry-run")
+    assert refused.returncode == 2 and "unknown option(s) --dry-run" in refused.stderr

@@ -6,7 +6,7 @@ Every override below composes against verl 0.9.1's `ppo_trainer` config (docs/so
 for JSON `extra_info` and per-row prompt lengths, the chat template when the model's own renders no tools,
 checkpoints and validation, and the server's URL and token in the Ray job's environment so that workers on
 every node reach it. Before anything starts, `case-env train preflight` (case_env/verl/preflight.py) checks
-the run; `--dry-run` prints its table and the whole composed config, and starts nothing.
+the run; `--dry-run` prints its table last and starts nothing (`--print-config`: the composed config too).
 
 Token budget: tool text is cut at 2048 characters (`max_tool_response_length`, characters not tokens);
 images are never cut and count against `data.max_response_length`: a 448 x 348 slice costs about 200
@@ -211,6 +211,9 @@ def parse(argv: list[str], prog: str = "scripts/train_grpo.sh") -> tuple[argpars
         default=TEACHER_GPUS,
         help=f"GPUs per node serving the OPSD teacher, taken from --gpus (default {TEACHER_GPUS}).",
     )
+    if prog.endswith("preflight"):  # the checks alone: nothing to skip, nothing started to dry-run
+        parser.set_defaults(skip_preflight=False, dry_run=False, print_config=False)
+        return _finish(parser, known, argv)
     parser.add_argument(
         "--skip-preflight", action="store_true", help="Start the run without `case-env train preflight`."
     )
@@ -225,7 +228,16 @@ def parse(argv: list[str], prog: str = "scripts/train_grpo.sh") -> tuple[argpars
         action="store_true",
         help="With --dry-run: also print the whole composed config (about a thousand lines of YAML).",
     )
+    return _finish(parser, known, argv)
+
+
+def _finish(
+    parser: argparse.ArgumentParser, known: dict, argv: list[str]
+) -> tuple[argparse.Namespace, list[str]]:
     args, extra = parser.parse_known_args(argv)
+    unknown = [a for a in extra if a.startswith("-")]
+    if unknown:  # the rest go to Hydra, whose overrides are key=value: an option here is a mistake
+        parser.error(f"unknown option(s) {' '.join(unknown)} (see --help; verl's settings go as key=value)")
     recipe = known[args.recipe]
     group, epochs, engine = recipe.group_size, recipe.epochs, recipe.rollout
     args.group_size = args.group_size or group
