@@ -518,35 +518,58 @@ def run_server_bench(
     return result
 
 
+THRESHOLDS = {  # how each target of `verdict` and `door_verdict` reads, with its threshold
+    "calls_per_s": f"episode mix >= {TARGETS['calls_per_s']:g} calls/s",
+    "render_p99_ms": f"render p99 < {TARGETS['render_p99_ms']:g} ms",
+    "text_p99_ms": f"text tools' p99 < {TARGETS['text_p99_ms']:g} ms",
+    "zero_errors": "no errors",
+    "calls_per_s_no_cache": f"episode mix without the cache >= {TARGETS['calls_per_s_no_cache']:g} calls/s",
+    "render_cpu_ms": f"render <= {TARGETS['render_cpu_ms']:g} ms server CPU per call",
+    "ratio_throughput": f">= {TARGETS['ratio_throughput']:g}x the naive engine's calls/s",
+    "cheap_cpu_vs_floor": f"cheap mix <= {TARGETS['cheap_cpu_vs_floor']:g}x the floor's CPU per call",
+}
+
+
+def target_lines(met: dict[str, bool]) -> list[str]:
+    """One line per target: its threshold and whether this run met it."""
+    lines = []
+    for key, ok in met.items():
+        door = key.removesuffix("_cpu_vs_api")
+        said = THRESHOLDS.get(key) or f"{door} <= {TARGETS['door_cpu_vs_api']:g}x the tool API's CPU per call"
+        lines.append(f"  {'met   ' if ok else 'MISSED'}  {said}")
+    return lines
+
+
+def _panel(name: str, run: dict) -> str:
+    """Which panel of bench.png a run belongs to: its mix, or the doors' comparison on one worker."""
+    return "doors, one worker" if name.endswith(("/doors", "-door")) else f"{run['mix']} mix"
+
+
 def plot(result: dict, path: Path) -> None:
+    """One column per mix (and one for the doors): calls per second on top, p99 latency below, each a
+    horizontal bar per engine on a linear axis from zero, so names fit and lengths compare."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs = result["runs"]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.5))
-    left.bar(list(runs), [r["calls_per_s"] for r in runs.values()])
-    left.set_ylabel("tool calls per second")
-    left.set_yscale("log")
-    left.tick_params(axis="x", labelrotation=45)
-    left.set_title(f"{result['rollouts']} concurrent rollouts, {result['workers']} worker(s)")
-    episode = {name: run for name, run in runs.items() if run["mix"] == "episode"}
-    tools = sorted(runs["case-env"]["latency_ms"])
-    width = 0.8 / len(episode)
-    for k, (name, run) in enumerate(episode.items()):
-        right.bar(
-            [i + k * width for i in range(len(tools))],
-            [run["latency_ms"].get(t, {}).get("p99", 0) for t in tools],
-            width,
-            label=name,
-        )
-    right.set_xticks(
-        [i + width * (len(episode) - 1) / 2 for i in range(len(tools))], tools, rotation=30, ha="right"
-    )
-    right.set_yscale("log")
-    right.set_ylabel("p99 latency (ms)")
-    right.legend()
+    panels: dict[str, dict[str, dict]] = {}
+    for name, run in result["runs"].items():
+        panels.setdefault(_panel(name, run), {})[name] = run
+    fig, axes = plt.subplots(2, len(panels), figsize=(4.4 * len(panels), 6.2), squeeze=False)
+    for column, (title, runs) in enumerate(panels.items()):
+        names = list(runs)[::-1]  # the first engine on top
+        top, bottom = axes[0][column], axes[1][column]
+        top.barh(names, [runs[n]["calls_per_s"] for n in names], color="C0")
+        top.set_title(title)
+        top.set_xlabel("tool calls per second")
+        bottom.barh(names, [runs[n]["latency_ms_all"]["p99"] for n in names], color="C1")
+        bottom.set_xlabel("p99 latency over all tools (ms)")
+        for ax in (top, bottom):
+            ax.set_xlim(left=0)
+            ax.tick_params(axis="y", labelsize=8)
+            ax.grid(axis="x", alpha=0.3)
+    fig.suptitle(f"{result['rollouts']} concurrent rollouts, {result['workers']} worker(s)")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
@@ -596,16 +619,19 @@ def bench_server(options: ServerBenchOptions, echo: Callable[[str], object]) -> 
             echo(f"  {tool:22s} {f['n']:7d} {f['p50']:8.1f} {f['p95']:8.1f} {f['p99']:8.1f}")
     for name in result["baselines"]:
         for mix, r in result[f"ratio_vs_{name}"].items():
+            p99 = round(1 / r["p99"], 2) if r["p99"] else float("inf")
             echo(
-                f"vs {name} ({mix}): {r['throughput']}x throughput, {r['p99']}x lower p99, "
-                f"{r['cpu_per_call']}x the server CPU per call"
+                f"{mix} mix: {r['throughput']}x {name}'s calls/s, {p99}x its p99 latency, "
+                f"{r['cpu_per_call']}x its server CPU per call"
             )
     for door, r in result["doors"].items():
         echo(
-            f"{door} against the tool API (one worker): {r['throughput']}x its calls/s, {r['p99']}x its p99, "
-            f"{r['cpu_per_call']}x its server CPU per call (bound {TARGETS['door_cpu_vs_api']}x)"
+            f"{door} (one worker): {r['throughput']}x the tool API's calls/s, {r['p99']}x its p99 latency, "
+            f"{r['cpu_per_call']}x its server CPU per call"
         )
     met = result["met"]
-    echo("targets: " + ", ".join(f"{k} {'met' if v else 'MISSED'}" for k, v in met.items()))
+    echo(f"targets: {sum(met.values())} of {len(met)} met")
+    for line in target_lines(met):
+        echo(line)
     echo(f"wrote {out / 'bench.json'} and {out / 'bench.png'}")
     return result
