@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import subprocess
@@ -444,3 +445,44 @@ def test_train_preflight_offers_only_what_the_checks_take():
     assert "--model" in shown and "--dry-run" not in shown and "--skip-preflight" not in shown
     refused = run("train", "preflight", "--model", "m", "--data", "/nowhere", "--dry-run")
     assert refused.returncode == 2 and "unknown option(s) --dry-run" in refused.stderr
+
+
+def test_bench_server_shows_progress_on_a_terminal_and_none_in_a_log(dataset, tmp_path):
+    """A long benchmark says what it runs on a terminal (one line, rewritten); piped into a CI log it prints
+    only its results."""
+    import os
+    import pty
+    import threading
+
+    command = [sys.executable, "-m", "case_env.cli", "bench", "server", "--data-root", str(dataset)]
+    command += [
+        "--out",
+        str(tmp_path / "b"),
+        "--rollouts",
+        "2",
+        "--duration",
+        "1",
+        "--warmup",
+        "0",
+        "--workers",
+        "1",
+    ]
+    main, child = pty.openpty()
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=child, text=True) as process:
+        os.close(child)
+        seen = bytearray()
+
+        def drain() -> None:
+            with contextlib.suppress(OSError):
+                while chunk := os.read(main, 4096):
+                    seen.extend(chunk)
+
+        reader = threading.Thread(target=drain, daemon=True)
+        reader.start()
+        stdout, _ = process.communicate(timeout=600)
+        reader.join(timeout=10)
+    os.close(main)
+    terminal = seen.decode(errors="replace")
+    assert process.returncode == 0, terminal[-2000:]
+    assert "\r\x1b[Kcase-env (episode mix, load): 1 s" in terminal and "(cheap mix, " in terminal
+    assert "\r" not in stdout and "case-env (episode mix" not in stdout and "targets: " in stdout

@@ -131,10 +131,17 @@ def _serving(setup: Setup, data_root: Path, scratch: Path, workers: int, cache_m
         *(sys.executable, "-m", "uvicorn", ENGINES[setup.engine], "--factory", "--host", "127.0.0.1"),
         *("--port", str(port), "--workers", str(workers), "--log-level", "warning", "--no-access-log"),
     ]
-    if setup.engine in CASE_ENV_APPS:
-        command += ["--http", HTTP_PROTOCOL]
+    if setup.engine in CASE_ENV_APPS:  # as `case-env serve` runs them
+        command += ["--http", HTTP_PROTOCOL, "--ws-per-message-deflate", "false"]
     with ServerProcess(scratch / f"server-{setup.tag}.log", env, port=port, command=command) as server:
         yield server
+
+
+def progress(text: str) -> None:
+    """What runs now, on one line of a terminal; nothing when stderr is not one (CI logs stay as they were)."""
+    if sys.stderr.isatty():
+        sys.stderr.write(f"\r\033[K{text}" if text else "\r\033[K")
+        sys.stderr.flush()
 
 
 @dataclass(frozen=True)
@@ -161,6 +168,7 @@ class Bench:
         episodes: int | None = None,
     ) -> dict:
         """The load generator on `url` with `setup`'s mix, its result kept as `name`.json."""
+        progress(f"{setup.engine}{setup.label} ({setup.mix} mix, {name}): {load.warmup + load.duration:g} s")
         out = self.scratch / f"{name}-{setup.tag}.json"
         return _load(url, self.patients_file, out, load, setup.mix, _protocol(setup), record, episodes)
 
@@ -602,6 +610,7 @@ def bench_server(options: ServerBenchOptions, echo: Callable[[str], object]) -> 
         options.group_size,
         doors,
     )
+    progress("")
     for engine, run in result["runs"].items():
         echo(
             f"\n{engine}: {run['calls_per_s']} calls/s, {rollouts} rollouts, {run['workers']} worker(s), "
