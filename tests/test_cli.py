@@ -78,17 +78,46 @@ def test_each_bench_run_reads_its_data_into_the_page_cache_first(tmp_path):
     assert page_in([tmp_path / "a", tmp_path / "missing"]) == 3_000_002
 
 
+def on_a_terminal(*args: str) -> tuple[int, str, str]:
+    """(exit code, stdout, what reached the terminal) of the CLI with its stderr on a pseudo-terminal."""
+    import os
+    import pty
+    import threading
+
+    main, child = pty.openpty()
+    command = [sys.executable, "-m", "case_env.cli", *args]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=child, text=True) as process:
+        os.close(child)
+        seen = bytearray()
+
+        def drain() -> None:
+            with contextlib.suppress(OSError):
+                while chunk := os.read(main, 4096):
+                    seen.extend(chunk)
+
+        reader = threading.Thread(target=drain, daemon=True)
+        reader.start()
+        stdout, _ = process.communicate(timeout=900)
+        reader.join(timeout=10)
+    os.close(main)
+    return process.returncode, stdout, seen.decode(errors="replace")
+
+
 def test_bench_server_measures_case_env_against_every_baseline(dataset, tmp_path):
-    result = run(
+    code, stdout, terminal = on_a_terminal(
         *("bench", "server", "--data-root", str(dataset), "--out", str(tmp_path / "bench")),
         *("--rollouts", "4", "--duration", "2", "--warmup", "0.5", "--workers", "1"),
-        *("--baseline", "naive,openenv,floor"),
+        *("--baseline", "naive,openenv,floor", "--doors", "openenv,mcp"),
     )
-    assert result.returncode == 0, result.stderr
+    assert code == 0, terminal[-3000:]
+    # on a terminal it says what runs now, on one rewritten line; its results alone go to stdout
+    assert "\r\x1b[Kcase-env (episode mix, load): 2.5 s" in terminal and "mcp-door (episode mix, " in terminal
+    assert "\r" not in stdout and "(episode mix, load)" not in stdout
     # ratios phrased one way, each target with its threshold
-    assert re.search(r"^cheap mix: [\d.]+x openenv's calls/s, [\d.]+x its p99 latency, ", result.stdout, re.M)
-    assert re.search(r"^targets: \d of 8 met$", result.stdout, re.M)
-    assert re.search(r"^  (met   |MISSED)  render p99 < 250 ms$", result.stdout, re.M)
+    assert re.search(r"^cheap mix: [\d.]+x openenv's calls/s, [\d.]+x its p99 latency, ", stdout, re.M)
+    assert re.search(r"^targets: \d+ of 10 met$", stdout, re.M)
+    assert re.search(r"^  (met   |MISSED)  render p99 < 250 ms$", stdout, re.M)
+    assert re.search(r"^  (met   |MISSED)  mcp-door <= 1.5x the tool API's CPU per call$", stdout, re.M)
     figures = json.loads((tmp_path / "bench" / "bench.json").read_text())
     engines = ("case-env", "naive", "openenv", "floor")
     assert figures["baselines"] == ["naive", "openenv", "floor"]
@@ -102,6 +131,7 @@ def test_bench_server_measures_case_env_against_every_baseline(dataset, tmp_path
         ),
         *(f"{e}{mix}" for e in engines[1:] for mix in ("", "/cheap")),
         "openenv/render",
+        *("case-env/doors", "openenv-door", "mcp-door", "openenv/doors"),
     }
     tools = {
         "list_visits",
@@ -158,13 +188,25 @@ def test_bench_server_measures_case_env_against_every_baseline(dataset, tmp_path
     assert set(figures["met"]) == {
         *("calls_per_s", "render_p99_ms", "text_p99_ms", "zero_errors", "ratio_throughput"),
         *("cheap_cpu_vs_floor", "calls_per_s_no_cache", "render_cpu_ms"),
+        *("openenv-door_cpu_vs_api", "mcp-door_cpu_vs_api"),
     }
+    # each door beside the tool API on one worker: its calls/s and server CPU per call as ratios to the API's
+    api = runs["case-env/doors"]
+    for door in ("openenv-door", "mcp-door"):
+        through, ratio = runs[door], figures["doors"][door]
+        assert set(through["latency_ms"]) == set(api["latency_ms"]) == tools
+        assert ratio["cpu_per_call"] == round(
+            through["server_cpu_ms_per_call"] / api["server_cpu_ms_per_call"], 2
+        )
+        assert ratio["throughput"] == round(through["calls_per_s"] / api["calls_per_s"], 2)
+        assert re.search(rf"^{door} \(one worker\): [\d.]+x the tool API's calls/s", stdout, re.M)
     # bench.png: a column per mix (episode, cheap, render), calls/s above p99, on linear axes from zero
     from case_env.envs.imaging.bench.server import _panel
 
-    assert {_panel(name, r) for name, r in runs.items()} == {"episode mix", "cheap mix", "render mix"}
+    panels = {"episode mix", "cheap mix", "render mix", "doors, one worker"}
+    assert {_panel(name, r) for name, r in runs.items()} == panels
     width, height = Image.open(tmp_path / "bench" / "bench.png").size
-    assert (width, height) == (round(4.4 * 3 * 90), round(6.2 * 90))
+    assert (width, height) == (round(4.4 * 4 * 90), round(6.2 * 90))
     unknown = run("bench", "server", "--data-root", str(dataset), "--baseline", "naive,ray")
     assert unknown.returncode == 2 and "unknown baseline 'ray'" in unknown.stderr
 
@@ -445,44 +487,3 @@ def test_train_preflight_offers_only_what_the_checks_take():
     assert "--model" in shown and "--dry-run" not in shown and "--skip-preflight" not in shown
     refused = run("train", "preflight", "--model", "m", "--data", "/nowhere", "--dry-run")
     assert refused.returncode == 2 and "unknown option(s) --dry-run" in refused.stderr
-
-
-def test_bench_server_shows_progress_on_a_terminal_and_none_in_a_log(dataset, tmp_path):
-    """A long benchmark says what it runs on a terminal (one line, rewritten); piped into a CI log it prints
-    only its results."""
-    import os
-    import pty
-    import threading
-
-    command = [sys.executable, "-m", "case_env.cli", "bench", "server", "--data-root", str(dataset)]
-    command += [
-        "--out",
-        str(tmp_path / "b"),
-        "--rollouts",
-        "2",
-        "--duration",
-        "1",
-        "--warmup",
-        "0",
-        "--workers",
-        "1",
-    ]
-    main, child = pty.openpty()
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=child, text=True) as process:
-        os.close(child)
-        seen = bytearray()
-
-        def drain() -> None:
-            with contextlib.suppress(OSError):
-                while chunk := os.read(main, 4096):
-                    seen.extend(chunk)
-
-        reader = threading.Thread(target=drain, daemon=True)
-        reader.start()
-        stdout, _ = process.communicate(timeout=600)
-        reader.join(timeout=10)
-    os.close(main)
-    terminal = seen.decode(errors="replace")
-    assert process.returncode == 0, terminal[-2000:]
-    assert "\r\x1b[Kcase-env (episode mix, load): 1 s" in terminal and "(cheap mix, " in terminal
-    assert "\r" not in stdout and "case-env (episode mix" not in stdout and "targets: " in stdout

@@ -117,11 +117,11 @@ class Client:
         self._head = f"Host: {parts.netloc}\r\nContent-Type: application/json\r\nContent-Length: "
         self._connection: _Connection | None = None
 
-    async def post_json(self, path: str, document: object) -> tuple[int, bytes]:
-        """(status, body) of `POST path` with `document` as JSON; OSError, TimeoutError or ProtocolError when
-        the exchange fails (the connection is then dropped)."""
+    async def post_json(self, path: str, document: object, headers: str = "") -> tuple[int, bytes]:
+        """(status, body) of `POST path` with `document` as JSON (`headers`: more header lines, each ending in
+        CRLF); OSError, TimeoutError or ProtocolError when the exchange fails (the connection is then dropped)."""
         body = json.dumps(document, separators=(",", ":")).encode()
-        request = f"POST {path} HTTP/1.1\r\n{self._head}{len(body)}\r\n\r\n".encode() + body
+        request = f"POST {path} HTTP/1.1\r\n{headers}{self._head}{len(body)}\r\n\r\n".encode() + body
         loop = asyncio.get_running_loop()
         connection = self._connection
         if connection is None or connection.lost is not None:

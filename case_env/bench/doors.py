@@ -2,8 +2,10 @@
 
 `case-env` posts to the tool API and `openenv` to a stateless `/step` (the OpenEnv baseline), over the lean
 keep-alive client; `openenv-door` keeps one OpenEnv WebSocket session per rollout (a reset per episode, a
-step per call), and `mcp-door` one MCP client (the official SDK; `start_episode` per episode), as their
-users' clients would.
+step per call), as its users' clients do. `mcp-door` posts MCP's own JSON-RPC requests (protocol 2026-07-28,
+sessionless: `start_episode` per episode, then `tools/call`) over the lean client: the official SDK's client
+spends 3.5-13 ms of CPU per call, so 32 of them on the bench's cores starve the server they measure (the
+contract tests use the SDK; here the wire format is the same, as the SDK sends it).
 """
 
 from __future__ import annotations
@@ -15,6 +17,16 @@ from typing import Any
 from case_env.bench.client import Client
 
 PROTOCOLS = ("case-env", "openenv", "openenv-door", "mcp-door")
+_MCP_VERSION = "2026-07-28"
+_MCP_META = {
+    "io.modelcontextprotocol/protocolVersion": _MCP_VERSION,
+    "io.modelcontextprotocol/clientInfo": {"name": "case-env-bench", "version": "0"},
+    "io.modelcontextprotocol/clientCapabilities": {},
+}
+_MCP_HEADERS = (
+    f"Accept: application/json, text/event-stream\r\nMcp-Protocol-Version: {_MCP_VERSION}\r\n"
+    "Mcp-Method: tools/call\r\n"
+)
 
 
 class Door:
@@ -27,6 +39,7 @@ class Door:
         self.episode = self.patient = ""
         self._stack = contextlib.AsyncExitStack()
         self._session: Any = None
+        self._calls = 0
 
     async def begin(self, patient: str, episode: str) -> None:
         self.patient, self.episode = patient, episode
@@ -41,18 +54,11 @@ class Door:
             if answer.get("type") == "error":
                 raise RuntimeError(f"OpenEnv reset refused: {answer['data'].get('message')}")
         elif self.protocol == "mcp-door":
-            if self._session is None:
-                import httpx2
-                from mcp import Client as MCPClient
-                from mcp.client.streamable_http import streamable_http_client
-
-                http = await self._stack.enter_async_context(httpx2.AsyncClient(timeout=60.0))
-                transport = streamable_http_client(f"{self.url}/mcp/{self.env}/", http_client=http)
-                self._session = await self._stack.enter_async_context(MCPClient(transport))
-            started = await self._session.call_tool("start_episode", {"case_id": patient})
-            if started.is_error:
-                raise RuntimeError(f"MCP start_episode refused: {started.content[0].text}")
-            self.episode = started.structured_content["episode_id"]
+            status, payload = await self._mcp("start_episode", {"case_id": patient})
+            result = json.loads(payload).get("result") or {}
+            if status != 200 or result.get("isError"):
+                raise RuntimeError(f"MCP start_episode refused: {payload[:300]!r}")
+            self.episode = result["structuredContent"]["episode_id"]
 
     async def call(self, tool: str, arguments: dict, context: dict | None) -> tuple[str, bytes]:
         if self.protocol == "openenv-door":
@@ -63,8 +69,10 @@ class Door:
             observation = (json.loads(raw).get("data") or {}).get("observation") or {}
             return ("ok" if observation.get("ok") else f"tool_{observation.get('error')}"), raw.encode()
         if self.protocol == "mcp-door":
-            result = await self._session.call_tool(tool, {**arguments, "episode_id": self.episode})
-            return ("tool_error" if result.is_error else "ok"), b""
+            status, payload = await self._mcp(tool, {**arguments, "episode_id": self.episode})
+            if status != 200:
+                return f"http_{status}", payload
+            return ("tool_error" if b'"isError":true' in payload else "ok"), payload
         body: dict[str, Any] = {
             "episode_id": self.episode,
             "patient_id": self.patient,
@@ -80,6 +88,18 @@ class Door:
         if status != 200:
             return f"http_{status}", payload
         return ("ok" if b'"ok":true' in payload else f"tool_{_error_code(payload)}"), payload
+
+    async def _mcp(self, tool: str, arguments: dict) -> tuple[int, bytes]:
+        """One MCP `tools/call` as the official client sends it (its headers and `_meta`)."""
+        self._calls += 1
+        request = {
+            "jsonrpc": "2.0",
+            "id": self._calls,
+            "method": "tools/call",
+            "params": {"name": tool, "arguments": arguments, "_meta": _MCP_META},
+        }
+        headers = f"{_MCP_HEADERS}Mcp-Name: {tool}\r\n"
+        return await self.client.post_json(f"/mcp/{self.env}/", request, headers)
 
     async def close(self) -> None:
         self.client.close()
