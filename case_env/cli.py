@@ -76,16 +76,6 @@ def _fail(message: str, code: int = 1) -> None:
     raise CommandError(message, code)
 
 
-def _reachable(url: str, problem: str, fix: str, timeout_s: float = 10.0) -> None:
-    """Fail with exit 2 unless something answers HTTP at `url` (any status: a 401 or 404 still answers)."""
-    import httpx
-
-    try:
-        httpx.get(url, timeout=timeout_s)
-    except httpx.HTTPError as exc:
-        _fail(f"{problem} ({type(exc).__name__}: {exc or 'no answer'}); {fix}", 2)
-
-
 @app.command()
 def version() -> None:
     """Print the package version."""
@@ -623,19 +613,6 @@ def eval_(
             timeout_s=call_timeout,
             temperature=temperature,
             max_tokens=max_tokens,
-        )
-    # both ends answer before anything is read or written: an unreachable URL is the user's to fix
-    _reachable(
-        f"{server_url.rstrip('/')}/healthz",
-        f"no tool server answers at {server_url}",
-        "start one with `case-env serve --data-root DIR` or pass its URL with --server",
-    )
-    if model is not None:
-        _reachable(
-            f"{model.base_url.rstrip('/')}/models",
-            f"no model server answers at {model_url}",
-            "check --model-url (an OpenAI-compatible base URL, usually ending in /v1) or start the model's "
-            "server (e.g. `transformers serve DIR`)",
         )
     try:
         results = run_eval(

@@ -67,7 +67,7 @@ def _shown(value: Any) -> str:
 
 
 def _default_text(defaults: dict[str, str]) -> str:
-    """`[default: 10]`, or each environment's when they differ (`[default: clinic 20, imaging 10]`)."""
+    """`[default: 10]`, or each environment's when they differ (`[default: first 20, second 10]`)."""
     if not defaults:
         return " [required]"
     if len(set(defaults.values())) == 1:

@@ -67,6 +67,10 @@ def main() -> None:
         args.out / "server.log",
         {"CASE_ENV_DATA_ROOT": str(root), "CASE_ENV_CLINIC_CASES": None, "CASE_ENV_TOKEN": None},
     ) as server:
+        print(
+            f"{'profile':10s} {'agent':10s} {'noise':15s} {'reward':>6s} {'strict':>6s} {'lenient':>7s} "
+            f"{'tool':>5s} {'cost':>5s} {'exam$':>6s} {'exams':>5s} {'n':>4s}"
+        )
         for profile in args.profiles:
             weights = RewardWeights(profile=profile)
             for level, (patient, exam) in LEVELS.items():
@@ -93,22 +97,29 @@ def main() -> None:
                     runs.append((f"{agent}, {level}, {profile}", results))
                     o = results["overall"]
                     print(
-                        f"{profile:10s} {agent:10s} {level:15s} reward {o['reward']:.3f} strict "
-                        f"{o['accuracy_strict']:.3f} lenient {o['accuracy_lenient']:.3f} tool {o['tool_match']:.3f} "
-                        f"cost {o['cost']:.3f} exam$ {o['tool_cost_total']:.2f} exams {o['exams']:.2f} (n={o['n']})"
+                        f"{profile:10s} {agent:10s} {level:15s} {o['reward']:6.3f} {o['accuracy_strict']:6.3f} "
+                        f"{o['accuracy_lenient']:7.3f} {o['tool_match']:5.2f} {o['cost']:5.2f} "
+                        f"{o['tool_cost_total']:6.2f} {o['exams']:5.2f} {o['n']:4d}"
                     )
         # MedExAgent's two evaluation protocols on the clean bank of the default profile: our figures and the
         # metrics its evaluation reports (diagnosis Jaccard = its diagnosis_reward, the ToolRL score = its
         # tool_call_reward, diagnosis_found, tool_hallucination_rate, num_tool_calls), side by side
         protocols = {}
         clean = args.out / "banks" / f"{args.profiles[0]}-clean" / "train.parquet"
+        print(
+            f"\n{'protocol':12s} {'agent':10s} "
+            + " ".join(f"{k:>{max(len(k), 6)}s}" for k in PROTOCOL_FIGURES)
+        )
         for protocol in ("conversation", "diagnosis"):
             for agent in AGENTS:
                 out = args.out / "runs" / f"{protocol}-{agent}"
                 (out / "trajectories.jsonl").unlink(missing_ok=True)
                 o = run_eval(clean, server.url, agent, out, progress=False, protocol=protocol)["overall"]
                 protocols[f"{protocol} / {agent}"] = {k: o[k] for k in PROTOCOL_FIGURES}
-                print(f"{protocol:12s} {agent:10s} " + " ".join(f"{k} {o[k]:.3f}" for k in PROTOCOL_FIGURES))
+                print(
+                    f"{protocol:12s} {agent:10s} "
+                    + " ".join(f"{o[k]:>{max(len(k), 6)}.3f}" for k in PROTOCOL_FIGURES)
+                )
     write_report(args.out, registry.get("clinic"), runs, [])
     summary = {
         "cases": args.cases,

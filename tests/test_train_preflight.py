@@ -247,7 +247,7 @@ def test_preflight_counts_rows_over_the_limit_per_source_and_names_the_length_th
         launch.main(
             ["--dry-run", "--model", str(qwen2_5_vl), "--data", str(bank), "data.max_prompt_length=600"]
         )
-        == 0
+        == 2  # a failed check: the dry run says so in its exit code
     )
     status, detail = table(capsys.readouterr().out)["prompt lengths"]
     assert status == "FAIL" and "verl would drop rows over data.max_prompt_length=600" in detail

@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import httpx
 from PIL import Image
 from tqdm import tqdm
 
@@ -273,6 +274,32 @@ def dialogue_messages(prompt: list[dict], steps: list[Step]) -> list[dict]:
     return messages
 
 
+def check_reachable(server_url: str, model: ModelSettings | None, timeout_s: float = 10.0) -> None:
+    """Both ends answer HTTP (any status: a 401 or 404 still answers), else a ValueError naming the URL and
+    the likely fix: an unreachable URL is the user's to fix, not a run's failure."""
+    ends = [
+        (
+            f"{server_url.rstrip('/')}/healthz",
+            f"no tool server answers at {server_url}",
+            "start one with `case-env serve --data-root DIR` or pass its URL with --server",
+        )
+    ]
+    if model is not None:
+        ends.append(
+            (
+                f"{model.base_url.rstrip('/')}/models",
+                f"no model server answers at {model.base_url}",
+                "check --model-url (an OpenAI-compatible base URL, usually ending in /v1) or start the model's "
+                "server (e.g. `transformers serve DIR`)",
+            )
+        )
+    for url, problem, fix in ends:
+        try:
+            httpx.get(url, timeout=timeout_s)
+        except httpx.HTTPError as exc:
+            raise ValueError(f"{problem} ({type(exc).__name__}: {exc or 'no answer'}); {fix}") from None
+
+
 def run_eval(
     bank: Path,
     server_url: str,
@@ -302,6 +329,7 @@ def run_eval(
     protocol = chosen_protocol(env, protocol)
     budget = max_turns or evaluation.max_turns
     make_policy = _policies(env, agent, bank, seed, model, budget)
+    check_reachable(server_url, model)  # after the arguments' checks, before anything is written
     out.mkdir(parents=True, exist_ok=True)
     path = out / trajectory.FILENAME
     if path.exists() and not resume:
