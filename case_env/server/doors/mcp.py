@@ -81,6 +81,7 @@ class CaseMCP:
         self.episodes: dict[str, DoorEpisode] = {}
         self.kept = 2 * max_sessions
         self._listed: list[types.Tool] | None = None
+        self._schemas: dict[str, dict] = {}  # by tool name, built with the listing
         self.server = Server(
             f"case-env-{env.name}",
             on_list_tools=self.list_tools,
@@ -119,13 +120,16 @@ class CaseMCP:
                     )
                 )
             self._listed = listed
+            self._schemas = {tool.name: tool.input_schema for tool in listed}
         return self._listed
 
     async def list_tools(self, ctx: Any, params: Any) -> types.ListToolsResult:
         return types.ListToolsResult(tools=self.tools())
 
     def input_schema(self, name: str) -> dict | None:
-        return next((tool.input_schema for tool in self.tools() if tool.name == name), None)
+        """One tool's schema, looked up on every call (the SDK checks `Mcp-Param-*` headers against it)."""
+        self.tools()
+        return self._schemas.get(name)
 
     async def call_tool(self, ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
         arguments = dict(params.arguments or {})
