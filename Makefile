@@ -137,6 +137,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/deptry .  # every import declared, in core or in the extra that needs it
+	$(BIN)/lint-imports  # the layer order of docs/architecture.md ([tool.importlinter] in pyproject.toml)
 	cd integrations/verifiers && ../../$(BIN)/deptry .
 
 format: $(STAMP)

@@ -21,7 +21,6 @@ from case_env.cli_options import options_command
 from case_env.core import registry
 from case_env.core.errors import CommandError
 from case_env.core.parts import (
-    PARTS,
     Banks,
     Baselines,
     Benchmarks,
@@ -29,11 +28,10 @@ from case_env.core.parts import (
     DataChecks,
     ServerBenchOptions,
     Synthesis,
-    TextCases,
     evaluation_of,
 )
 from case_env.core.problems import Problems
-from case_env.core.text_cases import cases_variable
+from case_env.core.text_cases import TextCases, cases_variable
 from case_env.trl.commands import model_app, trl_app
 
 app = typer.Typer(
@@ -96,7 +94,7 @@ def envs(
             "tools": list(env.tools),
             "data_sources": list(env.personas.data_sources),
             "agents": list(env.baselines) if isinstance(env, Baselines) else [],
-            "parts": [part.__name__ for part in PARTS if isinstance(env, part)],
+            "parts": [part.__name__ for part in registry.PARTS if isinstance(env, part)],
             "protocols": list(evaluation_of(env).protocols),
             "default": env.default,
         }
@@ -261,7 +259,7 @@ def serve(
         if wrong is not None:
             _fail(f"audit log {settings.audit_log}: {wrong} (choose a writable file with --audit-log)", 2)
     if settings.episode_db is None:
-        # episodes keep their patient across a restart (a crash must not free a bound episode to name another)
+        # episodes keep their case across a restart (a crash must not free a bound episode to name another)
         os.environ["CASE_ENV_EPISODE_DB"] = str(episode_db_for(data.cache_dir, settings.host, settings.port))
     if settings.replay_dir is not None:
         if not settings.replay_dir.exists():
@@ -513,17 +511,17 @@ def _rollouts_table(summary: dict, model: bool) -> None:
 @train_app.command("preflight", context_settings=_LAUNCHER_ARGS, add_help_option=False)
 def train_preflight(ctx: typer.Context) -> None:
     """Check a training run before it starts (exit 2 when a check fails; --help lists the options)."""
-    from case_env.verl import launch
+    from case_env.verl import grpo
 
-    raise typer.Exit(launch.main(ctx.args, preflight_only=True))
+    raise typer.Exit(grpo.main(ctx.args, preflight_only=True))
 
 
 @train_app.command("run", context_settings=_LAUNCHER_ARGS, add_help_option=False)
 def train_run(ctx: typer.Context) -> None:
     """Start a GRPO run on verl after the preflight, as scripts/train_grpo.sh does (--help: options)."""
-    from case_env.verl import launch
+    from case_env.verl import grpo
 
-    raise typer.Exit(launch.main(ctx.args))
+    raise typer.Exit(grpo.main(ctx.args))
 
 
 @app.command("eval")
@@ -592,9 +590,9 @@ def eval_(
     import httpx
     from openai import APIError, APITimeoutError
 
+    from case_env.core.trajectory import TrajectoryFormatError
     from case_env.eval.openai_agent import ModelSettings
     from case_env.eval.runner import OPENAI, run_eval
-    from case_env.eval.trajectory import TrajectoryFormatError
 
     known = {
         a for env in registry.environments().values() if isinstance(env, Baselines) for a in env.baselines
@@ -695,7 +693,7 @@ def bench_server(
         1,
         "--group-size",
         min=1,
-        help="Rollouts per GRPO group sharing patient and calls (1: all independent).",
+        help="Rollouts per GRPO group sharing case and calls (1: all independent).",
     ),
     runs: int = typer.Option(1, "--runs", min=1, help="Repeat the whole benchmark (figures of every run)."),
     data_root: Path = typer.Option(
@@ -772,8 +770,10 @@ def bench_server(
         rewards=rewards,
         judge_latency_ms=judge_latency_ms,
     )
+    from case_env.bench.model_server import bench_server as run_bench
+
     try:
-        found.bench_server(options, typer.echo)
+        run_bench(found, options, typer.echo)
     except ValueError as exc:
         _fail(str(exc), 2)
 
@@ -791,7 +791,7 @@ def traj_to_sft(
     all_: bool = typer.Option(False, "--all", help="Keep incorrect trajectories too."),
 ) -> None:
     """Write verl multi-turn SFT rows (messages, tools, images) from CASE-format trajectories."""
-    from case_env.eval.sft import TrajectoryFormatError, write_sft
+    from case_env.core.sft_data import TrajectoryFormatError, write_sft
 
     try:
         n = write_sft(source, out, correct_only=not all_)
@@ -818,8 +818,7 @@ def _bank_build(env, options) -> None:
 options_command(
     bank_app,
     "build",
-    "Build a bank of an environment's questions or cases: train/val/test parquet, patient lists "
-    "and bank.json.",
+    "Build a bank of an environment's questions or cases: train/val/test parquet, case lists and bank.json.",
     Banks,
     lambda env: env.bank_options,
     _bank_build,
@@ -842,7 +841,9 @@ def bank_validate(
     for path in paths:
         result = validate(path)
         sources = ", ".join(f"{k} {v}" for k, v in sorted(result.by_source.items()))
-        typer.echo(f"{path}: {result.rows} rows, {len(result.by_patient)} patients ({sources})")
+        typer.echo(
+            f"{path}: {result.rows} rows, {len(result.by_case)} case{'' if len(result.by_case) == 1 else 's'} ({sources})"
+        )
         for problem in result.problems:
             typer.echo(f"problem: {path.name}: {problem}", err=True)
         failed |= not result.ok

@@ -31,11 +31,10 @@ log = logging.getLogger(__name__)
 
 @cache
 def score_deadline_s() -> float:
-    """CASE_ENV_SCORE_DEADLINE_S (the server's setting, 30 s): what scoring one row may take, its judge
-    included."""
-    from case_env.server.settings import ServerSettings
+    """CASE_ENV_SCORE_DEADLINE_S (30 s): what scoring one row may take, its judge included."""
+    from case_env.settings import ScoreSettings
 
-    return ServerSettings().score_deadline_s
+    return ScoreSettings().score_deadline_s
 
 
 def capped(solution_str: str | None) -> str:

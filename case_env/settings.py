@@ -1,5 +1,5 @@
-"""Where case data lives, from arguments or `CASE_ENV_*` environment variables: what every environment shares.
-An environment's own data settings subclass these (how much decoded data it keeps, say), in its package."""
+"""Settings every layer shares, from arguments or `CASE_ENV_*` environment variables: where case data lives
+(an environment's own data settings subclass these, in its package) and what scoring one row may take."""
 
 from __future__ import annotations
 
@@ -29,4 +29,17 @@ class DataSettings(BaseSettings):
         default_factory=default_cache_dir,
         description="Directory for derived data (volumetry of roots without a volumes TSV); never inside "
         "the data root.",
+    )
+
+
+class ScoreSettings(BaseSettings):
+    """The deadline of scoring one row, the same wherever a reward is computed (verl, /v1/score, eval)."""
+
+    model_config = SettingsConfigDict(env_prefix="CASE_ENV_", extra="ignore")
+
+    score_deadline_s: float = Field(
+        30.0,
+        gt=0,
+        description="Deadline of scoring one row (a judge's round trips included); past it the row scores 0, "
+        "format_ok false, with the reason.",
     )

@@ -15,4 +15,4 @@
 # vision tokens per image, 16384 response tokens) are explained in case_env/verl/launch.py.
 set -euo pipefail
 # paths stay relative to the caller's directory; only the default interpreter is found beside the script
-exec "${PYTHON:-$(dirname "$0")/../.venv/bin/python}" -m case_env.verl.launch "$@"
+exec "${PYTHON:-$(dirname "$0")/../.venv/bin/python}" -m case_env.verl.grpo "$@"

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from case_env.core.bank import write
+from case_env.core.sft_data import write_sft
 from case_env.envs.casereason import bank as reason_bank
 from case_env.envs.casereason.cases import read_file
 from case_env.envs.casereason.synth import write_cases
@@ -19,7 +20,6 @@ from case_env.envs.clinic import bank as clinic_bank
 from case_env.envs.clinic.noise import NoiseConfig
 from case_env.envs.clinic.synth import make_cases, write_csv
 from case_env.eval.runner import run_eval
-from case_env.eval.sft import write_sft
 from tests.server_harness import live_server
 from tests.test_clinic_server import env
 from tests.verl_rows import build_bank

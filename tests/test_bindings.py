@@ -132,7 +132,7 @@ def test_ids_longer_than_a_slot_holds_are_refused_not_cut():
     table = Bindings(None, max_episodes=10)
     with pytest.raises(ValueError, match="episode id of 129 characters"):
         table.claim("e" * 129, "case0001", 1.0)
-    with pytest.raises(ValueError, match="patient id of 65 characters"):
+    with pytest.raises(ValueError, match="case id of 65 characters"):
         table.claim("e", "c" * 65, 1.0)
     assert table.live == 0
     table.close()

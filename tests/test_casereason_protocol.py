@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from case_env.core.bank import load_items, write
+from case_env.core.sft_data import write_sft
 from case_env.envs.casereason.bank import build
 from case_env.envs.casereason.baselines import Reader
 from case_env.envs.casereason.cases import load_cases
@@ -25,7 +26,6 @@ from case_env.envs.casereason.evaluation import pass_at_k, variants
 from case_env.envs.casereason.grader import grade
 from case_env.envs.casereason.reward import casereason_score, extract_answer
 from case_env.envs.casereason.synth import make_reasoning_case
-from case_env.eval.sft import write_sft
 from case_env.medicine.diagnosis import same_condition
 from tests.chat_stub import ScriptedChat
 from tests.server_harness import live_server, serve_app

@@ -413,9 +413,9 @@ def test_every_option_names_its_default_and_flags_read_as_flags():
 @pytest.mark.parametrize(
     ("command", "named"),
     [
-        (["-m", "case_env.verl.launch", "--help"], None),
-        (["-m", "case_env.verl.launch", "--data", "/nowhere", "--dry-run"], "--model"),
-        (["-m", "case_env.verl.launch", "--data", "/nowhere", "--model", "m", "--dry-run"], "does not exist"),
+        (["-m", "case_env.verl.grpo", "--help"], None),
+        (["-m", "case_env.verl.grpo", "--data", "/nowhere", "--dry-run"], "--model"),
+        (["-m", "case_env.verl.grpo", "--data", "/nowhere", "--model", "m", "--dry-run"], "does not exist"),
         (
             ["-m", "case_env.cli", "train", "preflight", "--data", "/nowhere", "--model", "m"],
             "does not exist",

@@ -226,8 +226,8 @@ def test_clinic_bank_rows_follow_the_schema_and_hide_the_answer(tmp_path):
     result = build(cases, seed=2, fractions=(0.8, 0.1, 0.1), noise=noise)
     assert build(cases, seed=2, fractions=(0.8, 0.1, 0.1), noise=noise).rows == result.rows  # reproducible
     write(result, tmp_path, {"env": "clinic"})
-    assert sum(len(v) for v in result.patients.values()) == 40
-    assert not set(result.patients["train"]) & set(result.patients["test"])  # cases never cross splits
+    assert sum(len(v) for v in result.cases.values()) == 40
+    assert not set(result.cases["train"]) & set(result.cases["test"])  # cases never cross splits
     by_id = {c.case_id: c for c in cases}
     noisy, systems = 0, set()
     for split in ("train", "val", "test"):
@@ -279,7 +279,7 @@ def test_train_and_test_files_given_together_keep_their_own_splits(tmp_path):
     cases = load_cases([tmp_path / "rl", tmp_path / "eval"]).cases
     result = build(cases, 0, (0.8, 0.1, 0.1), NoiseConfig())
     by_file = {s: sorted(c.case_id for c in cases if c.split == s) for s in ("train", "val", "test")}
-    assert {s: sorted(ids) for s, ids in result.patients.items()} == by_file
+    assert {s: sorted(ids) for s, ids in result.cases.items()} == by_file
     assert [len(by_file[s]) for s in ("train", "val", "test")] == [12, 3, 5]
 
 

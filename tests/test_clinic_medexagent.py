@@ -367,11 +367,12 @@ def test_medexagent_8b_calls_play_through_verls_tool_agent_loop(pneumonia, monke
 
 def test_the_medexagent_recipe_composes_and_validates_against_verls_config(tmp_path, capsys):
     from case_env.envs.clinic.synth import make_cases
+    from case_env.verl import grpo as grpo_run
     from case_env.verl import launch
 
     write(build(make_cases(20, 0), 0, (0.8, 0.1, 0.1), NoiseConfig()), tmp_path / "bank", {"env": "clinic"})
     argv = ["--dry-run", "--recipe", "medexagent", "--model", "m", "--data", str(tmp_path / "bank")]
-    code = launch.main(argv)  # verl's validate_config on CPU
+    code = grpo_run.main(argv)  # verl's validate_config on CPU
     out = capsys.readouterr().out
     assert "dry run: config composed and validated" in out
     assert code == (2 if "  FAIL " in out else 0)  # no GPU here: the GPU checks fail, the dry run says so

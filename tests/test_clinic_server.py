@@ -159,8 +159,7 @@ def test_environments_do_not_mix_and_scope_holds(server, cases_csv, dataset):
     imaging = post(server, "list_visits", case.case_id, "ep-mix", {}).json()
     assert not imaging["ok"] and imaging["error"]["code"] == "not_available"
     assert (
-        imaging["text"]
-        == "list_visits is an imaging tool; this patient is a clinic case, not an imaging case"
+        imaging["text"] == "list_visits is an imaging tool; this case is a clinic case, not an imaging case"
     )
     clinic = post(server, "ask_patient", "case0001", "ep-mix-2", {"question": "hi"}).json()
     assert clinic["error"]["code"] == "not_available" and "not a clinic case" in clinic["text"]

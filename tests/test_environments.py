@@ -142,14 +142,22 @@ def test_the_leak_check_catches_each_kind_of_leak(tmp_path):
 
 def test_the_serving_core_is_small_and_parts_are_declared():
     from case_env.core.environment import Environment
-    from case_env.core.parts import PARTS, Banks, HeldContext
+    from case_env.core.parts import Banks, HeldContext
 
     members = {n for n in [*vars(Environment), *Environment.__annotations__] if not n.startswith("_")}
     assert len(members) <= 12, sorted(members)
     assert isinstance(registry.get("casereason"), HeldContext)
     assert not isinstance(registry.get("imaging"), HeldContext)
     assert all(isinstance(env, Banks) for env in registry.environments().values())
-    assert len(PARTS) == len(set(PARTS))
+
+
+def test_the_architecture_page_shows_the_parts_table_the_registry_generates():
+    page = (Path(__file__).parents[1] / "docs" / "architecture.md").read_text()
+    table = registry.parts_table()
+    assert "| `TextCases` |" in table and "| `Judged` |" in table
+    assert table in page, (
+        "paste `python -c 'from case_env.core import registry; print(registry.parts_table())'`"
+    )
 
 
 def test_an_environment_is_refused_at_load_for_a_half_declared_part_or_a_misspelt_persona():
@@ -323,7 +331,7 @@ def test_calls_count_the_same_from_executed_calls_hermes_and_qwen3_coder(turns, 
     assert scores[0] == scores[1] == scores[2]
     assert scores[0]["acc"] == 1.0
     # the executed calls decide: a transcript that lost its calls scores as the calls that ran say
-    assert executed_calls("", {FIELD: ran})[0].tool == turns[0][0]
+    assert executed_calls("", {FIELD: ran}, registry.tool_parameters)[0].tool == turns[0][0]
 
 
 def test_qwen3_coder_values_take_the_schema_types():

@@ -8,8 +8,8 @@ import json
 import pytest
 from PIL import Image
 
+from case_env.core.trajectory import FILENAME, read
 from case_env.eval.runner import run_eval
-from case_env.eval.trajectory import FILENAME, read
 from tests.server_harness import live_server
 
 
@@ -76,7 +76,7 @@ def test_resume_skips_finished_items_and_refuses_to_overwrite(bank, server, tmp_
 
 
 def test_repeats_roll_each_question_out_several_times_and_resume(bank, server, tmp_path):
-    from case_env.eval.trajectory import TrajectoryFormatError
+    from case_env.core.trajectory import TrajectoryFormatError
 
     first = run_eval(
         bank / "test.parquet", server.url, "random", tmp_path, repeats=3, limit=5, progress=False
@@ -131,7 +131,7 @@ def test_trajectories_become_verl_multiturn_sft_rows(bank, server, tmp_path):
     from omegaconf import OmegaConf
     from verl.utils.dataset.multiturn_sft_dataset import MultiTurnSFTDataset
 
-    from case_env.eval.sft import write_sft
+    from case_env.core.sft_data import write_sft
     from case_env.verl.offline import build_tokenizer
 
     run = tmp_path / "run"

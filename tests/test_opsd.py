@@ -292,9 +292,9 @@ def test_cases_recipes_compose_and_validate_with_verl(bank, checkpoint, recipe, 
 
 
 def test_the_case_recipes_dry_run_composes_and_validates(bank, checkpoint, capsys):
-    from case_env.verl import launch
+    from case_env.verl import grpo
 
-    code = launch.main(["--dry-run", "--recipe", "case", "--model", str(checkpoint), "--data", str(bank)])
+    code = grpo.main(["--dry-run", "--recipe", "case", "--model", str(checkpoint), "--data", str(bank)])
     out = capsys.readouterr().out
     assert "dry run: config composed and validated" in out
     assert code == (2 if "  FAIL " in out else 0)  # a failed check (no GPU here) is the dry run's exit 2

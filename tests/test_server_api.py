@@ -510,7 +510,7 @@ def test_not_ready_without_patients(tmp_path):
     empty.mkdir()
     with live_server(empty, tmp_path) as live:
         ready = httpx.get(f"{live.url}/readyz", timeout=10)
-        assert ready.status_code == 503 and ready.json()["reason"] == "the data root holds no patients"
+        assert ready.status_code == 503 and ready.json()["reason"] == "the data root holds no cases"
         response = post(live.url, "list_visits")
         assert response.status_code == 503 and response.json()["error"]["code"] == "not_ready"
         assert response.headers["retry-after"] == "1"

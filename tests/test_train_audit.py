@@ -13,7 +13,7 @@ from case_env.core.bank import write
 from case_env.envs.clinic.bank import build as build_clinic
 from case_env.envs.clinic.noise import NoiseConfig
 from case_env.envs.clinic.synth import make_cases
-from case_env.verl import checks, launch
+from case_env.verl import checks, grpo
 from tests.chat_stub import ScriptedChat
 from tests.server_harness import serve_app
 from tests.test_clinic_loop import pneumonia  # noqa: F401 (a fixture)
@@ -33,7 +33,7 @@ def clinic_bank(tmp_path_factory):
 
 
 def dry(*argv: str) -> dict[str, checks.Check]:
-    run = launch.prepare(list(argv))
+    run = grpo.prepare(list(argv))
     return {c.name: c for c in run.check(live=False)}
 
 
@@ -100,7 +100,7 @@ def test_b4_a_judged_recipe_without_a_judge_is_refused_or_said_rule_graded(bank,
         from case_env.core import llm
 
         llm.default_judge.cache_clear()
-        run = launch.prepare(["--model", "m", "--data", str(bank), "--recipe", "case", "--batch-size", "48"])
+        run = grpo.prepare(["--model", "m", "--data", str(bank), "--recipe", "case", "--batch-size", "48"])
         assert checks.judge(run.env_object, run.plan.env_vars, live=False).status == checks.SKIPPED
         live = checks.judge(run.env_object, run.plan.env_vars, live=True)
         llm.default_judge.cache_clear()
@@ -114,9 +114,9 @@ def test_b5_the_recipes_engine_follows_the_installed_one(bank, monkeypatch):
         "find_spec",
         lambda name, *a: object() if name == "vllm" else (None if name == "sglang" else real(name, *a)),
     )
-    config = launch.prepare(["--model", "m", "--data", str(bank), "--recipe", "medexagent"]).config
+    config = grpo.prepare(["--model", "m", "--data", str(bank), "--recipe", "medexagent"]).config
     assert config.actor_rollout_ref.rollout.name == "vllm"  # make train-env's default engine
-    chosen = launch.prepare(
+    chosen = grpo.prepare(
         ["--model", "m", "--data", str(bank), "--recipe", "medexagent", "--rollout", "sglang"]
     )
     assert chosen.config.actor_rollout_ref.rollout.name == "sglang"
@@ -136,7 +136,7 @@ def test_b6_the_clinic_length_filter_measures_what_medexagents_loop_renders(clin
     assert lengths.status == checks.PASS, lengths.detail
     reported = int(re.search(r"longest ([\d,]+)", lengths.detail).group(1).replace(",", ""))
     tokenizer = AutoTokenizer.from_pretrained(qwen3)
-    schemas = launch.prepare(
+    schemas = grpo.prepare(
         ["--model", str(qwen3), "--data", str(clinic_bank), "--recipe", "medexagent"]
     ).schemas
 

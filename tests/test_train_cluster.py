@@ -163,10 +163,10 @@ def test_preflight_refuses_a_loopback_server_with_other_nodes_and_a_template_wit
 
 
 def test_the_printed_config_never_shows_the_token(bank, monkeypatch):
-    from case_env.verl import launch
+    from case_env.verl import grpo
 
     monkeypatch.setenv("CASE_ENV_TOKEN", TOKEN)
-    run = launch.prepare(["--model", "m", "--data", str(bank)])
+    run = grpo.prepare(["--model", "m", "--data", str(bank)])
     env_vars = run.config.ray_kwargs.ray_init.runtime_env.env_vars
     assert env_vars.CASE_ENV_TOKEN == TOKEN and env_vars.CASE_ENV_URL == "http://127.0.0.1:8000"
     assert TOKEN not in printable(run.config) and "CASE_ENV_TOKEN: '***'" in printable(run.config)

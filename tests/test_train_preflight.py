@@ -26,7 +26,7 @@ from case_env.envs.clinic.synth import make_cases
 from case_env.lm.chat_templates import FAMILIES, family_for, template
 from case_env.reward import score_row
 from case_env.server.control import Sizing
-from case_env.verl import checks, launch, model_files
+from case_env.verl import checks, grpo, model_files
 from case_env.verl.config import path_for
 from case_env.verl.dataset import CaseRLHFDataset
 from case_env.verl.offline import (
@@ -49,7 +49,7 @@ def bank(dataset, tmp_path_factory):
 
 
 def prepare(*argv: str):
-    return launch.prepare(list(argv))
+    return grpo.prepare(list(argv))
 
 
 def table(out: str) -> dict[str, tuple[str, str]]:
@@ -244,7 +244,7 @@ def test_preflight_counts_rows_over_the_limit_per_source_and_names_the_length_th
     bank, qwen2_5_vl, capsys
 ):
     assert (
-        launch.main(
+        grpo.main(
             ["--dry-run", "--model", str(qwen2_5_vl), "--data", str(bank), "data.max_prompt_length=600"]
         )
         == 2  # a failed check: the dry run says so in its exit code
@@ -383,7 +383,7 @@ def test_overrides_verl_does_not_read_are_gone_and_the_format_help_names_the_rig
     ):
         assert unread not in keys
     help_text = subprocess.run(
-        [sys.executable, "-m", "case_env.verl.launch", "--help"], capture_output=True, text=True
+        [sys.executable, "-m", "case_env.verl.grpo", "--help"], capture_output=True, text=True
     ).stdout
     assert "qwen3_coder, XML inside <tool_call> (Qwen3-Coder, Qwen3.5)" in " ".join(help_text.split())
 

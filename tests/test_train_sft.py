@@ -12,7 +12,7 @@ import sys
 import pyarrow.parquet as pq
 import pytest
 
-from case_env.eval.sft import write_sft
+from case_env.core.sft_data import write_sft
 from case_env.verl import sft
 from case_env.verl.offline import TEMPLATE
 from tests import qwen_models

@@ -36,25 +36,25 @@ class Door:
     def __init__(self, url: str, env: str, protocol: str):
         self.url, self.env, self.protocol = url, env, protocol
         self.client = Client(url, timeout_s=60.0)
-        self.episode = self.patient = ""
+        self.episode = self.case_id = ""
         self._stack = contextlib.AsyncExitStack()
         self._session: Any = None
         self._calls = 0
 
-    async def begin(self, patient: str, episode: str) -> None:
-        self.patient, self.episode = patient, episode
+    async def begin(self, case_id: str, episode: str) -> None:
+        self.case_id, self.episode = case_id, episode
         if self.protocol == "openenv-door":
             if self._session is None:
                 from websockets.asyncio.client import connect
 
                 ws_url = self.url.replace("http://", "ws://", 1) + f"/openenv/{self.env}/ws"
                 self._session = await self._stack.enter_async_context(connect(ws_url, max_size=None))
-            await self._session.send(json.dumps({"type": "reset", "data": {"case_id": patient}}))
+            await self._session.send(json.dumps({"type": "reset", "data": {"case_id": case_id}}))
             answer = json.loads(await self._session.recv())
             if answer.get("type") == "error":
                 raise RuntimeError(f"OpenEnv reset refused: {answer['data'].get('message')}")
         elif self.protocol == "mcp-door":
-            status, payload = await self._mcp("start_episode", {"case_id": patient})
+            status, payload = await self._mcp("start_episode", {"case_id": case_id})
             result = json.loads(payload).get("result") or {}
             if status != 200 or result.get("isError"):
                 raise RuntimeError(f"MCP start_episode refused: {payload[:300]!r}")
@@ -75,7 +75,7 @@ class Door:
             return ("tool_error" if b'"isError":true' in payload else "ok"), payload
         body: dict[str, Any] = {
             "episode_id": self.episode,
-            "patient_id": self.patient,
+            "patient_id": self.case_id,
             "arguments": arguments,
         }
         if context is not None:  # what the caller sends beside the arguments (an episode's earlier exchanges)

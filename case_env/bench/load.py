@@ -3,7 +3,7 @@
 Each virtual rollout plays one episode after another over a random case with a fresh episode id, as a verl
 rollout does. What an episode calls is a mix of the environment's (`Benchmarks.bench_mixes`: a function of a
 seeded random generator giving one episode's calls, with drawn arguments). With
-`--group-size G`, rollouts come in groups of G that share the patient and every drawn argument, as G samples
+`--group-size G`, rollouts come in groups of G that share the case and every drawn argument, as G samples
 of one GRPO prompt would if they agreed on every call (real groups diverge, so the truth lies between group
 size 1 and G). All rollouts run concurrently on one event loop, each over its own keep-alive connection
 (`case_env.bench.client`, a fraction of aiohttp's CPU per call), so the generator stays light on a machine
@@ -60,7 +60,7 @@ class Tally:
 
 async def _rollout(
     door: Door,
-    patients: list[str],
+    case_ids: list[str],
     stop: float,
     rng: random.Random,
     tally: Tally,
@@ -73,9 +73,9 @@ async def _rollout(
     done = 0
     while time.perf_counter() < stop and (episodes is None or done < episodes):
         done += 1
-        patient = rng.choice(patients)
+        case_id = rng.choice(case_ids)
         # members of a group share the draws
-        await door.begin(patient, f"bench-{rng.getrandbits(64):016x}-{member}")
+        await door.begin(case_id, f"bench-{rng.getrandbits(64):016x}-{member}")
         for tool, arguments, *context in plan(rng):
             if think_s > 0:
                 await asyncio.sleep(rng.expovariate(1 / think_s))  # the policy generating its next turn
@@ -97,7 +97,7 @@ async def _rollout(
 
 async def run_load(
     url: str,
-    patients: list[str],
+    case_ids: list[str],
     rollouts: int,
     duration: float,
     warmup: float,
@@ -126,7 +126,7 @@ async def run_load(
             *[
                 _rollout(
                     doors[n],
-                    patients,
+                    case_ids,
                     stop,
                     random.Random(seeds[n // group_size]),
                     tally,
@@ -181,7 +181,7 @@ def summarise(tally: Tally, rollouts: int, elapsed: float) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("url")
-    parser.add_argument("patients", type=Path, help="File with one case id per line.")
+    parser.add_argument("case_ids", type=Path, help="File with one case id per line.")
     parser.add_argument("out", type=Path)
     parser.add_argument("--rollouts", type=int, default=256)
     parser.add_argument("--duration", type=float, default=20.0)
@@ -191,7 +191,7 @@ def main() -> None:
     parser.add_argument(
         "--episodes", type=int, default=None, help="Stop each rollout after this many episodes."
     )
-    parser.add_argument("--group-size", type=int, default=1, help="Rollouts that share patient and calls.")
+    parser.add_argument("--group-size", type=int, default=1, help="Rollouts that share case and calls.")
     parser.add_argument(
         "--env", default=None, help="The environment whose mix is played (default: the default)."
     )
@@ -199,11 +199,11 @@ def main() -> None:
     parser.add_argument("--protocol", choices=PROTOCOLS, default="case-env", help="The server's wire format.")
     parser.add_argument("--record", type=Path, default=None, help="Keep each tool's first answer here.")
     a = parser.parse_args()
-    patients = [line.strip() for line in a.patients.read_text().splitlines() if line.strip()]
+    case_ids = [line.strip() for line in a.case_ids.read_text().splitlines() if line.strip()]
     result = asyncio.run(
         run_load(
             a.url,
-            patients,
+            case_ids,
             a.rollouts,
             a.duration,
             a.warmup,

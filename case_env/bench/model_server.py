@@ -52,6 +52,16 @@ REWARD_CONCURRENCY = 256
 FALLBACKS = re.compile(r"^case_env_model_fallbacks_total\{[^}]*\} ([0-9.e+]+)$", re.M)
 
 
+def bench_server(env: Any, options: ServerBenchOptions, echo: Callable[[str], object]) -> dict:
+    """`case-env bench server --env NAME`: the environment's own benchmark, else the generic one."""
+    figures = env.bench_server(options, echo)
+    if figures is not None:
+        return figures
+    if env.server_bench is None:
+        raise ValueError(f"the {env.name} environment has no server benchmark")
+    return run_model_bench(env, env.server_bench, options, echo)
+
+
 def run_model_bench(
     env: Any, bench: ServerBench, options: ServerBenchOptions, echo: Callable[[str], object]
 ) -> dict:

@@ -156,7 +156,7 @@ def tools_kwargs(patient_id: str, tools: Iterable[str], **create: Any) -> dict[s
 @dataclass
 class BankResult:
     rows: dict[str, list[dict]]
-    patients: dict[str, list[str]]
+    cases: dict[str, list[str]]  # split -> its case ids
     skipped: Problems = field(default_factory=Problems)  # questions or cases left out, with the reason
     skipped_by_template: dict[str, dict[str, int]] = field(default_factory=dict)  # template -> reason -> n
 
@@ -164,11 +164,13 @@ class BankResult:
         return {split: Counter(r["data_source"] for r in rows) for split, rows in self.rows.items()}
 
 
-def split_patients(
-    patient_ids: list[str], fractions: tuple[float, float, float], seed: int
+def split_cases(
+    case_ids: list[str], fractions: tuple[float, float, float], seed: int
 ) -> dict[str, list[str]]:
-    """Patients (never questions) go to splits; every split gets at least one patient when there are three."""
-    order = FrozenDraw(seed, "splits").shuffled("patients", sorted(patient_ids))
+    """Cases (never questions) go to splits; every split gets at least one case when there are three."""
+    order = FrozenDraw(seed, "splits").shuffled(
+        "patients", sorted(case_ids)
+    )  # the draw's name fixes the splits
     n = len(order)
     sizes = [round(f * n) for f in fractions]
     if n >= 3:
@@ -195,34 +197,34 @@ def rows_by_split(
     """One row per case (anything with a `case_id`), cases split by id, indices in id order; `to_row(case,
     index, split)` makes the row. A case for which `given(case)` names a split (a published dataset's own)
     stays in it; the others are split by `fractions`. Environments with one row per case use this; those
-    with several questions per patient split patients themselves (`split_patients`)."""
+    with several questions per case split cases themselves (`split_cases`)."""
     fixed = {c.case_id: given(c) for c in cases if given is not None and given(c) in SPLITS}
-    patients = split_patients([c.case_id for c in cases if c.case_id not in fixed], fractions, seed)
+    ids = split_cases([c.case_id for c in cases if c.case_id not in fixed], fractions, seed)
     for case_id, split in sorted(fixed.items()):
-        patients[split].append(case_id)
-    patients = {split: sorted(ids) for split, ids in patients.items()}
-    split_of = {cid: split for split, ids in patients.items() for cid in ids}
+        ids[split].append(case_id)
+    ids = {split: sorted(members) for split, members in ids.items()}
+    split_of = {cid: split for split, members in ids.items() for cid in members}
     rows: dict[str, list[dict]] = {split: [] for split in SPLITS}
     for index, case in enumerate(sorted(cases, key=lambda c: c.case_id)):
         split = split_of[case.case_id]
         rows[split].append(to_row(case, index, split).row())
-    return BankResult(rows, patients)
+    return BankResult(rows, ids)
 
 
 def write(result: BankResult, out: Path, meta: dict) -> None:
-    """train/val/test parquet, one patient list per split, and bank.json with the counts and every row or
+    """train/val/test parquet, one list of case ids per split (`<split>_patients.txt`, CASE's name), and bank.json with the counts and every row or
     question that was left out (the command line prints only the first of them)."""
     out.mkdir(parents=True, exist_ok=True)
     for split, rows in result.rows.items():
         table = pa.Table.from_pylist(rows, schema=ARROW_SCHEMA)
         pq.write_table(table, out / f"{split}.parquet")
         (out / f"{split}_patients.txt").write_text(
-            "".join(f"{p}\n" for p in result.patients[split]), encoding="utf-8"
+            "".join(f"{p}\n" for p in result.cases[split]), encoding="utf-8"
         )
     summary = {
         **meta,
         "counts": {s: dict(c) for s, c in result.counts().items()},
-        "patients": {s: len(p) for s, p in result.patients.items()},
+        "patients": {s: len(p) for s, p in result.cases.items()},
         "skipped": result.skipped.to_json(),
     }
     if result.skipped_by_template:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import json
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -191,15 +192,16 @@ def written_calls(solution_str: str, schemas: dict[str, dict] | None = None) -> 
     return calls
 
 
-def executed_calls(solution_str: str, extra_info: dict | None) -> list[ExecutedCall]:
-    """The episode's calls: as they ran (from `extra_info`) when recorded, else as written in the text."""
+def executed_calls(
+    solution_str: str, extra_info: dict | None, parameters: Callable[[], dict[str, dict]]
+) -> list[ExecutedCall]:
+    """The episode's calls: as they ran (from `extra_info`) when recorded, else as written in the text, their
+    values typed by `parameters()` (the tools' parameter schemas by name; read only when needed)."""
     extra = extra_info if isinstance(extra_info, dict) else {}
     recorded = extra.get(FIELD)
     if isinstance(recorded, list | tuple):
         return [ExecutedCall.from_record(r) for r in recorded if isinstance(r, dict)]
-    from case_env.core import registry
-
-    written = written_calls(solution_str, registry.tool_parameters())
+    written = written_calls(solution_str, parameters())
     return [ExecutedCall(name, arguments) for name, arguments in written]
 
 

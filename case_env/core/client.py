@@ -3,7 +3,7 @@
 Service faults (429, 5xx, connection errors, timeouts) are retried with exponential backoff that honours
 Retry-After (spread over [1, 2) x so refused callers do not return as one herd), within an overall deadline;
 model faults come back from the server as 200 with `ok: false` and are never retried; other refusals (403
-scope, 404 unknown patient, 422 malformed) are final. verl has no tool timeout and no retry of its own, so
+scope, 404 unknown case, 422 malformed) are final. verl has no tool timeout and no retry of its own, so
 this client owns both (docs/architecture.md, "verl's limits").
 
 A client is bound to the event loop that first uses it (httpx connections are); callers keep one per loop.

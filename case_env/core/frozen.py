@@ -17,7 +17,7 @@ T = TypeVar("T")
 
 
 class FrozenDraw:
-    """Named, order-independent draws for one scope (e.g. one patient)."""
+    """Named, order-independent draws for one scope (e.g. one case)."""
 
     def __init__(self, seed: int, scope: str = ""):
         self.seed = seed

@@ -7,22 +7,8 @@ asks `isinstance(env, Banks)` ("does it have one") and says what is missing when
 that declares a part but leaves one of its methods out fails when the registry loads it, not when a command
 first calls the method.
 
-| part | what it adds | used by |
-|---|---|---|
-| `Banks` | a bank builder with a typed options model, its rows' own checks | `bank build`, `bank validate` |
-| `TextCases` | cases read from text files (`--cases`, CASE_ENV_<NAME>_CASES, `<data root>/<name>/`) | `serve`, `bank build`, `data check` |
-| `DataChecks` | its part of `data check` | `data check` |
-| `Synthesis` | a synthetic generator with a typed options model | `synth` |
-| `Baselines` | scripted agents, one of them the baseline `rollouts` plays | `eval`, `rollouts` |
-| `Evaluation` | rollout variants, turn budget, summaries and report | `eval`, `report` |
-| `Faults` | model-fault codes of its own beside the shared ones (`ErrorCode`) | /openapi.json, tests |
-| `HeldContext` | a context the server rebuilds from its own record of the episode | the tool route |
-| `Benchmarks` | call mixes the shared load generator plays; its `bench server` | `case-env bench ...` |
-| `Judged` | its reward may ask the LLM judge: verl's rate-limited reward manager when one is set | `train run` |
-| `Recipes` | training recipes (verl overrides) and supervised stages | `train run`, `train preflight`, `train_sft.sh` |
-| `AgentLoops` | verl agent loops of its own, named by its rows' `agent_name` | `train run`, `train preflight` |
-| `Dialogue` | episodes as conversations: plain text said to someone the server plays | `eval`, its agent loops |
-| `Commands` | its own commands | the command line |
+The table of parts, their members and the commands that use them is `registry.parts_table()` (in
+docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -99,10 +85,10 @@ class BankOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     data_root: Path | None = Field(None, description="Data root to build the bank from.")
-    out: Path = Field(description="Output directory for train/val/test parquet and patient lists.")
+    out: Path = Field(description="Output directory for train/val/test parquet and case lists.")
     seed: int = Field(0, description="Seed of question choice, distractors, letters and splits.")
     split: tuple[float, float, float] = Field(
-        (0.8, 0.1, 0.1), description="train,val,test fractions of the patients."
+        (0.8, 0.1, 0.1), description="train,val,test fractions of the cases."
     )
 
     @field_validator("split", mode="before")
@@ -158,30 +144,16 @@ class Banks(ABC):
 
 
 class DataChecks(ABC):
+    """Its part of `case-env data check`."""
+
     @abstractmethod
     def check_data(self, root: Path) -> DataCheck | None:
         """`case-env data check` of this environment's part of a root; None when the root has none."""
 
 
-class TextCases(DataChecks):
-    """Cases read from text files: `--cases NAME=PATH` and CASE_ENV_<NAME>_CASES for the server, `--cases` for
-    a bank, else `<data root>/<name>/`. `load_cases(paths)` returns an object with `cases` (each with a
-    `case_id`) and `problems` (rows that could not be read, with the reason)."""
-
-    @abstractmethod
-    def load_cases(self, paths: list[Path]) -> Any: ...
-
-    def describe_cases(self, cases: list) -> tuple[dict[str, Any], str]:
-        """Facts `data check` reports beside the count: (JSON summary, words after the count)."""
-        return {}, ""
-
-    def check_data(self, root: Path) -> DataCheck | None:
-        from case_env.core.text_cases import check_case_files
-
-        return check_case_files(self, root)  # type: ignore[arg-type]
-
-
 class Synthesis(ABC):
+    """A synthetic generator with a typed options model (`case-env synth --env NAME`)."""
+
     synth_options: ClassVar[type[SynthOptions]] = SynthOptions
 
     @abstractmethod
@@ -303,13 +275,10 @@ class Benchmarks:
     bench_mixes: ClassVar[Mapping[str, Plan]] = {}
     server_bench: ClassVar[ServerBench | None] = None
 
-    def bench_server(self, options: ServerBenchOptions, echo: Callable[[str], object]) -> dict:
-        """Run `case-env bench server` for this environment; the figures, also written under `options.out`."""
-        from case_env.bench.model_server import run_model_bench
-
-        if self.server_bench is None:
-            raise ValueError(f"the {getattr(self, 'name', '?')} environment has no server benchmark")
-        return run_model_bench(self, self.server_bench, options, echo)
+    def bench_server(self, options: ServerBenchOptions, echo: Callable[[str], object]) -> dict | None:
+        """An environment's own `case-env bench server`, returning its figures; None (the default) runs the
+        generic benchmark of `server_bench` (`case_env.bench.model_server.bench_server`)."""
+        return None
 
 
 class ServerBenchOptions(BaseModel):
@@ -428,24 +397,8 @@ def dialogue_of(env: object, agent_name: str | None) -> Dialogue | None:
 
 
 class Commands(ABC):
+    """Commands of its own, added to the command line's groups."""
+
     @abstractmethod
     def cli(self, groups: dict[str, typer.Typer]) -> None:
         """Add this environment's own commands to the command groups (`root`, `bench`, ...)."""
-
-
-PARTS: tuple[type, ...] = (
-    Banks,
-    TextCases,
-    DataChecks,
-    Synthesis,
-    Baselines,
-    Evaluation,
-    Faults,
-    HeldContext,
-    Benchmarks,
-    Recipes,
-    AgentLoops,
-    Dialogue,
-    Judged,
-    Commands,
-)

@@ -20,11 +20,57 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, create_model
 
 from case_env.core.environment import Environment
-from case_env.core.parts import Faults
+from case_env.core.parts import (
+    AgentLoops,
+    Banks,
+    Baselines,
+    Benchmarks,
+    Commands,
+    DataChecks,
+    Dialogue,
+    Evaluation,
+    Faults,
+    HeldContext,
+    Judged,
+    Recipes,
+    Synthesis,
+)
+from case_env.core.text_cases import TextCases
 from case_env.core.tools import MODEL_FAULTS, ToolSpec
 
 GROUP = "case_env.environments"
 log = logging.getLogger("case_env.registry")
+
+
+# Every optional part and the commands that use it: `case-env envs --verbose` names an environment's parts, and
+# docs/architecture.md's table of parts is `parts_table()`.
+PARTS: dict[type, str] = {
+    Banks: "`bank build`, `bank validate`",
+    TextCases: "`serve`, `bank build`, `data check`",
+    DataChecks: "`data check`",
+    Synthesis: "`synth`",
+    Baselines: "`eval --agent`, `rollouts`",
+    Evaluation: "`eval`, `report`",
+    Faults: "/openapi.json",
+    HeldContext: "the tool route",
+    Benchmarks: "`bench ...`",
+    Judged: "`train run`, `train preflight`",
+    Recipes: "`train run`, `train preflight`, `train_sft.sh`",
+    AgentLoops: "`train run`, `train preflight`, `rollouts`",
+    Dialogue: "`eval`, its agent loops",
+    Commands: "the command line",
+}
+
+
+def parts_table() -> str:
+    """The parts as a markdown table: each part's members, the first sentence of its docstring, its users."""
+    rows = ["| part | members | what it adds | used by |", "|---|---|---|---|"]
+    for part, used_by in PARTS.items():
+        names = dict.fromkeys([*getattr(part, "__annotations__", {}), *vars(part)])
+        members = ", ".join(f"`{n}`" for n in names if not n.startswith("_"))
+        adds = " ".join((part.__doc__ or "").split()).split(". ")[0].rstrip(".")
+        rows.append(f"| `{part.__name__}` | {members} | {adds} | {used_by} |")
+    return "\n".join(rows)
 
 
 class RegistryError(LookupError):

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
+from abc import abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from case_env.core.errors import CommandError
-from case_env.core.parts import DataCheck, TextBankOptions, TextCases
+from case_env.core.parts import DataCheck, DataChecks, TextBankOptions
 from case_env.core.problems import Problems
 from case_env.core.tools import ToolContext
 
@@ -20,6 +21,22 @@ def case_paths(setting: str | None, data_root: Path | None, folder: str) -> list
     if not paths and data_root is not None and (data_root / folder).is_dir():
         paths = [data_root / folder]
     return paths
+
+
+class TextCases(DataChecks):
+    """Cases read from text files: `--cases NAME=PATH` and CASE_ENV_<NAME>_CASES for the server, `--cases` for
+    a bank, else `<data root>/<name>/`. `load_cases(paths)` returns an object with `cases` (each with a
+    `case_id`) and `problems` (rows that could not be read, with the reason)."""
+
+    @abstractmethod
+    def load_cases(self, paths: list[Path]) -> Any: ...
+
+    def describe_cases(self, cases: list) -> tuple[dict[str, Any], str]:
+        """Facts `data check` reports beside the count: (JSON summary, words after the count)."""
+        return {}, ""
+
+    def check_data(self, root: Path) -> DataCheck | None:
+        return check_case_files(self, root)
 
 
 @dataclass

@@ -4,7 +4,7 @@ The common schema is checked here; each row is routed to its environment (`extra
 source), which names the keys its rows need and checks what only it understands (options and letters).
 
 Reports one message per broken row (row index and reason) rather than stopping at the first, and counts
-per data source and patient, so a user can see at once what a bank holds and what is wrong with it.
+per data source and case, so a user can see at once what a bank holds and what is wrong with it.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ class Validation:
     rows: int = 0
     problems: list[str] = field(default_factory=list)
     by_source: Counter = field(default_factory=Counter)
-    by_patient: Counter = field(default_factory=Counter)
+    by_case: Counter = field(default_factory=Counter)
 
     @property
     def ok(self) -> bool:
@@ -118,13 +118,13 @@ def _check_row(row: dict, tool_names: set[str]) -> list[str]:
                 problems.append(
                     f"tools_kwargs lacks tool key(s) {', '.join(absent)} (every row must list every tool)"
                 )
-            patients = {
+            named = {
                 v["create_kwargs"].get("patient_id")
                 for v in kwargs.values()
                 if isinstance(v, dict) and isinstance(v.get("create_kwargs"), dict)
             } - {None}
-            if extra.get("patient_id") and patients - {extra["patient_id"]}:
-                problems.append("tools_kwargs name a patient other than extra_info.patient_id")
+            if extra.get("patient_id") and named - {extra["patient_id"]}:
+                problems.append("tools_kwargs name a case other than extra_info.patient_id")
     selection = extra.get("tool_selection")
     if (
         isinstance(selection, list)
@@ -158,5 +158,5 @@ def validate(path: Path) -> Validation:
         if reasons:  # one message per broken row, with every reason
             result.problems.append(f"row {i}: " + "; ".join(reasons))
         result.by_source[row.get("data_source") or "?"] += 1
-        result.by_patient[(extra or {}).get("patient_id") or "?"] += 1
+        result.by_case[(extra or {}).get("patient_id") or "?"] += 1
     return result

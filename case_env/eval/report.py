@@ -12,9 +12,9 @@ import html
 import io
 from pathlib import Path
 
+from case_env.core import trajectory
 from case_env.core.environment import Environment
 from case_env.core.parts import ReportParts, evaluation_of
-from case_env.eval import trajectory
 
 BROWSER_LIMIT = 100  # conversations shown; images are inlined, so the page grows with each one
 

@@ -25,14 +25,13 @@ from PIL import Image
 from tqdm import tqdm
 
 from case_env.core import episode as episodes
-from case_env.core import registry
+from case_env.core import registry, trajectory
 from case_env.core.bank import Item, load_items
 from case_env.core.calls import FIELD, ExecutedCall
 from case_env.core.client import RetryPolicy, ToolClient
 from case_env.core.environment import Environment
 from case_env.core.parts import Baselines, PolicyFactory, Variant, dialogue_of, evaluation_of
 from case_env.core.policy import Observation, Turn
-from case_env.eval import trajectory
 from case_env.eval.openai_agent import ModelSettings, OpenAIPolicy, chat_client
 from case_env.eval.report import write_report
 

@@ -119,9 +119,9 @@ def create_app(
         if replay is not None:
             specs = replay.bind(specs)
             log.info(
-                "replay: %d recorded calls for %d patients from %s",
+                "replay: %d recorded calls for %d cases from %s",
                 len(replay.entries),
-                len(replay.patients),
+                len(replay.cases),
                 settings.replay_dir,
             )
         else:

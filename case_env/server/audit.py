@@ -1,6 +1,6 @@
 """The audit log: one JSON line per tool call, refused calls included.
 
-It is the one place where patient ids and arguments are written down on purpose. Bearer tokens and image
+It is the one place where case ids and arguments are written down on purpose. Bearer tokens and image
 bytes never are. Each line goes out in a single `write` on a file opened with O_APPEND, so lines from
 several workers sharing the file never interleave. Every line is strict JSON: a non-finite number a client
 sent (`NaN`, `Infinity`, `1e400`) is written as a string.
@@ -77,7 +77,7 @@ class AuditLog:
         self,
         *,
         episode_id: str | None,
-        patient_id: str | None,
+        case_id: str | None,
         tool: str,
         arguments: object,
         status: str,
@@ -89,7 +89,7 @@ class AuditLog:
         record = {
             "time": datetime.now(UTC).isoformat(timespec="milliseconds"),
             "episode_id": episode_id,
-            "patient_id": patient_id,
+            "patient_id": case_id,  # the CASE schema's name, as in the request
             "tool": tool,
             "arguments": arguments,
             "status": status,
@@ -111,12 +111,12 @@ class AuditLog:
 
     def refusal(self, method: str, path: str, code: str, http_status: int) -> None:
         """A tool call refused before its route ran (token, body size, undecodable or invalid body): its episode
-        and patient are not known yet, but it is still a call and gets its line."""
+        and case are not known yet, but it is still a call and gets its line."""
         if method == "POST" and path.startswith("/v1/tools/"):
             with contextlib.suppress(AuditWriteError):  # the refusal stands; the failure is on record
                 self.write(
                     episode_id=None,
-                    patient_id=None,
+                    case_id=None,
                     tool=path.rsplit("/", 1)[-1][:64],
                     arguments=None,
                     status=code,

@@ -1,8 +1,8 @@
-"""Episode bindings shared by the workers of one server: which patient each live episode may read.
+"""Episode bindings shared by the workers of one server: which case each live episode may read.
 
 Scope is checked on every call and must hold across workers from an episode's first call on (a
 trajectory's calls may land on any worker, and a hostile client can race first calls with different
-patients). The binding used to be a row of the SQLite episode database, written in its own transaction: with
+cases). The binding used to be a row of the SQLite episode database, written in its own transaction: with
 two workers that INSERT cost about 0.06 ms per cheap call, a fifth of its server CPU (issue 19, measured by
 taking it out), for the locks and the WAL append of a cross-process commit. Here it is a slot of an
 open-addressing hash table in a memory-mapped file, changed under an advisory lock: microseconds.
@@ -14,7 +14,7 @@ the episode log (`episodes.py`) can forget them too.
 Layout: one header page (magic and version, slot size, slot count, the live and deletion counts, a random
 hash key), then `capacity` slots of 224 bytes: state (0 empty, 1 bound), the lengths of the two ids, a
 64-bit keyed hash of the episode id, the times the episode was bound and last seen, the episode id (128
-bytes at most, `EPISODE_ID_PATTERN`) and the patient id (64). Linear probing; a deletion shifts the
+bytes at most, `EPISODE_ID_PATTERN`) and the case id (64). Linear probing; a deletion shifts the
 following run back (Knuth's algorithm R), so no tombstones pile up and a lookup ends at the first empty
 slot.
 
@@ -39,7 +39,7 @@ _HEADER = struct.Struct("<8sIIQQQ16s")  # magic, slot size, reserved, capacity, 
 _COUNT = struct.Struct("<Q")
 _LIVE, _DELETIONS = 24, 32  # offsets of the two counters in the header
 _HEADER_BYTES = mmap.PAGESIZE
-_SLOT = struct.Struct("<BBB5xQdd128s64s")  # state, episode length, patient length, hash, bound, seen, ids
+_SLOT = struct.Struct("<BBB5xQdd128s64s")  # state, episode length, case length, hash, bound, seen, ids
 _SEEN = 24  # offset of `last_seen` within a slot
 _SLOT_DTYPE = np.dtype(
     {
@@ -60,7 +60,7 @@ def _hash(episode: bytes, key: bytes) -> int:
 
 
 class Bindings:
-    """Episode → patient for every worker of a server. `path` None: this process only (one worker, an
+    """Episode → case for every worker of a server. `path` None: this process only (one worker, an
     in-memory episode log), with no file and no lock. Not thread-safe within a process: the server uses it
     from its event loop only."""
 
@@ -132,16 +132,14 @@ class Bindings:
         _COUNT.pack_into(self._map, _LIVE, count)
 
     # -- calls ---------------------------------------------------------------------------------------------
-    def claim(self, episode_id: str, patient_id: str, now: float) -> tuple[str, bool]:
-        """The patient `episode_id` is bound to, binding it to `patient_id` if it is not bound yet; and
+    def claim(self, episode_id: str, case_id: str, now: float) -> tuple[str, bool]:
+        """The case `episode_id` is bound to, binding it to `case_id` if it is not bound yet; and
         whether this call bound it. Both ids are ASCII (the request model's patterns)."""
-        episode, patient = episode_id.encode("ascii"), patient_id.encode("ascii")
-        if len(episode) > _EPISODE_BYTES or len(patient) > _PATIENT_BYTES:  # a slot would cut, not keep, it
-            what, length = (
-                ("episode", len(episode)) if len(episode) > _EPISODE_BYTES else ("patient", len(patient))
-            )
+        episode, case = episode_id.encode("ascii"), case_id.encode("ascii")
+        if len(episode) > _EPISODE_BYTES or len(case) > _CASE_BYTES:  # a slot would cut, not keep, it
+            what, length = ("episode", len(episode)) if len(episode) > _EPISODE_BYTES else ("case", len(case))
             raise ValueError(
-                f"{what} id of {length} characters; a binding holds {_EPISODE_BYTES} and {_PATIENT_BYTES}"
+                f"{what} id of {length} characters; a binding holds {_EPISODE_BYTES} and {_CASE_BYTES}"
             )
         key = _hash(episode, self._key)
         with self:
@@ -153,14 +151,14 @@ class Bindings:
                 self._evict(self.live - self.max_episodes + 1)
                 index, _ = self._find(episode, key)
             offset = self._offset(index)
-            record = _SLOT.pack(0, len(episode), len(patient), key, now, now, episode, patient)
+            record = _SLOT.pack(0, len(episode), len(case), key, now, now, episode, case)
             self._map[offset + 1 : offset + _SLOT.size] = record[1:]
             self._map[offset] = 1  # last: a slot is bound only once it is whole
             self._set_live(self.live + 1)
-        return patient_id, True
+        return case_id, True
 
     def lookup(self, episode_id: str) -> tuple[str, float, float] | None:
-        """(patient, bound at, last seen) of a bound episode, or None."""
+        """(case, bound at, last seen) of a bound episode, or None."""
         episode = episode_id.encode("ascii")
         with self:
             index, found = self._find(episode, _hash(episode, self._key))
@@ -210,7 +208,7 @@ class Bindings:
         return _HEADER_BYTES + index * _SLOT.size
 
     def _find(self, episode: bytes, key: int) -> tuple[int, str | None]:
-        """(slot, bound patient) of a bound episode, or (the empty slot its claim takes, None)."""
+        """(slot, bound case) of a bound episode, or (the empty slot its claim takes, None)."""
         index = key & self._mask
         for _ in range(self.capacity):
             offset = self._offset(index)
@@ -268,4 +266,4 @@ class Bindings:
 _SLOT_HEAD = struct.Struct("<BBB5xQ")  # what a probe reads: state, the id lengths, the hash
 _SLOT_SEEN = struct.Struct("<d")
 _SLOT_HASH = struct.Struct("<Q")
-_IDS, _EPISODE_BYTES, _PATIENT_BYTES = 32, 128, 64  # where the ids start in a slot, and their room
+_IDS, _EPISODE_BYTES, _CASE_BYTES = 32, 128, 64  # where the ids start in a slot, and their room

@@ -1,7 +1,7 @@
-"""Episodes: which patient each trajectory is bound to, and its recent calls.
+"""Episodes: which case each trajectory is bound to, and its recent calls.
 
-Every worker of a multi-worker server must agree on an episode's patient from its first call on: a
-trajectory whose calls land on different workers is still held to one patient. The bindings live in a
+Every worker of a multi-worker server must agree on an episode's case from its first call on: a
+trajectory whose calls land on different workers is still held to one case. The bindings live in a
 table the workers share in memory (`bindings.py`), which also decides which episodes are live: idle
 episodes expire and the number of episodes is capped (least recently seen go first).
 
@@ -16,7 +16,7 @@ integer key, costs a few.
 A binding never changes while its episode lives, so each worker remembers the bindings it has seen and
 asks the table only about episodes it does not know. The table counts the episodes any worker drops
 (expired, or over the cap); when the count moves, a worker forgets what it remembers, so a dropped episode
-id, bound anew to another patient elsewhere, is never held to its old patient here.
+id, bound anew to another case elsewhere, is never held to its old case here.
 """
 
 from __future__ import annotations
@@ -81,9 +81,9 @@ class EpisodeLog:
         self.bindings = Bindings(
             None if path is None else path.with_name(path.name + "-bindings"), max_episodes
         )
-        self._known: OrderedDict[str, str] = OrderedDict()  # episode -> patient, while no episode was dropped
+        self._known: OrderedDict[str, str] = OrderedDict()  # episode -> case, while no episode was dropped
         self._deletions = self.bindings.deletions
-        self._pending: list[tuple[str, str, Call | None, float]] = []  # (episode, patient, call, time)
+        self._pending: list[tuple[str, str, Call | None, float]] = []  # (episode, case, call, time)
 
     def _prepare(self, wal: bool, patience_s: float = 30.0) -> None:
         """Journal mode and layout. Workers starting together race for the new file, and SQLite answers
@@ -113,8 +113,8 @@ class EpisodeLog:
                     raise
                 time.sleep(random.uniform(0.01, 0.1))
 
-    def bind(self, episode_id: str, patient_id: str, now: float | None = None) -> str:
-        """Bind a new episode to a patient (or find a known one); returns the bound patient."""
+    def bind(self, episode_id: str, case_id: str, now: float | None = None) -> str:
+        """Bind a new episode to a case (or find a known one); returns the bound case."""
         deletions = self.bindings.deletions
         if deletions != self._deletions:  # an episode was dropped somewhere: what is remembered may be stale
             self._known.clear()
@@ -124,7 +124,7 @@ class EpisodeLog:
             self._known.move_to_end(episode_id)
             return known
         now = time.time() if now is None else now
-        bound, new = self.bindings.claim(episode_id, patient_id, now)
+        bound, new = self.bindings.claim(episode_id, case_id, now)
         if new:  # the log gets the episode at the next flush, with or without calls
             self._pending.append((episode_id, bound, None, now))
         self._known[episode_id] = bound
@@ -133,9 +133,9 @@ class EpisodeLog:
             self._known.popitem(last=False)
         return bound
 
-    def record(self, episode_id: str, patient_id: str, call: Call, now: float | None = None) -> None:
-        """Queue a call of an episode bound to `patient_id` for its log; `flush` writes the queue."""
-        self._pending.append((episode_id, patient_id, call, time.time() if now is None else now))
+    def record(self, episode_id: str, case_id: str, call: Call, now: float | None = None) -> None:
+        """Queue a call of an episode bound to `case_id` for its log; `flush` writes the queue."""
+        self._pending.append((episode_id, case_id, call, time.time() if now is None else now))
 
     def flush(self) -> int:
         """Write queued calls in one transaction: the episodes (created, or their counters added to) in a
@@ -146,10 +146,10 @@ class EpisodeLog:
         if not pending:
             return 0
         by_episode: dict[str, _Batch] = {}
-        for episode_id, patient_id, call, now in pending:
+        for episode_id, case_id, call, now in pending:
             batch = by_episode.get(episode_id)
             if batch is None:
-                batch = by_episode[episode_id] = _Batch(patient_id, now)
+                batch = by_episode[episode_id] = _Batch(case_id, now)
             if call is not None:
                 batch.calls.append(call)
                 batch.times.append(now)
@@ -185,7 +185,7 @@ class EpisodeLog:
             values = ", ".join(["(?, ?, ?, ?, ?)"] * len(chunk))
             parameters = []
             for episode_id, batch in chunk:
-                parameters += (episode_id, batch.patient_id, batch.first, batch.seen, len(batch.calls))
+                parameters += (episode_id, batch.case_id, batch.first, batch.seen, len(batch.calls))
             counted += self.db.execute(
                 f"INSERT INTO episodes (id, patient_id, created, last_seen, calls) VALUES {values} "
                 "ON CONFLICT(id) DO UPDATE SET calls = calls + excluded.calls, "
@@ -208,7 +208,7 @@ class EpisodeLog:
         bound = self.bindings.lookup(episode_id)
         if bound is None:
             return None
-        patient_id, created, seen = bound
+        case_id, created, seen = bound
         row = self.db.execute("SELECT key, calls FROM episodes WHERE id = ?", (episode_id,)).fetchone()
         key, total = row if row is not None else (None, 0)
         calls = []
@@ -221,7 +221,7 @@ class EpisodeLog:
                     calls.append(_call_record(seq, call))
         return {
             "episode_id": episode_id,
-            "patient_id": patient_id,
+            "patient_id": case_id,
             "created": created,
             "last_seen": seen,
             "calls_total": total,
@@ -267,10 +267,10 @@ class EpisodeLog:
 class _Batch:
     """One episode's queued calls at a flush."""
 
-    __slots__ = ("calls", "first", "patient_id", "seen", "times")
+    __slots__ = ("calls", "case_id", "first", "seen", "times")
 
-    def __init__(self, patient_id: str, now: float):
-        self.patient_id = patient_id
+    def __init__(self, case_id: str, now: float):
+        self.case_id = case_id
         self.first = self.seen = now
         self.calls: list[Call] = []
         self.times: list[float] = []

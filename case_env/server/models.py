@@ -7,7 +7,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 EPISODE_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
-PATIENT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
+CASE_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
 
 
 class ErrorInfo(BaseModel):
@@ -28,10 +28,12 @@ class ToolCallRequest(BaseModel):
     episode_id: str = Field(
         pattern=EPISODE_ID_PATTERN,
         description="Stable id of the trajectory (verl's agent_data.request_id). The first call binds it to "
-        "its patient; a later call naming another patient is refused.",
+        "its case; a later call naming another case is refused.",
     )
     patient_id: str = Field(
-        pattern=PATIENT_ID_PATTERN, description="Public patient id (e.g. case0001), from the dataset row."
+        pattern=CASE_ID_PATTERN,
+        description="Public case id (e.g. case0001), from the dataset row: the CASE schema calls it "
+        "patient_id.",
     )
     arguments: dict[str, Any] = Field(
         default_factory=dict, description="The tool's arguments, as the model gave them."
@@ -160,5 +162,5 @@ class HealthResponse(BaseModel):
 
 class ReadyResponse(BaseModel):
     ready: bool
-    patients: int = Field(description="Patients found in the data root.")
+    patients: int = Field(description="Cases found in the data root.")
     reason: str | None = Field(None, description="Why the server is not ready.")

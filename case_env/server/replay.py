@@ -1,7 +1,7 @@
 """Replay: serve recorded tool outputs instead of computing them (CASE trained RL against a tool-replay
 environment). Users can run RL on recorded trajectories without the data behind them.
 
-A call is keyed by (patient, tool, canonical arguments); arguments are canonicalised by the tool's own argument
+A call is keyed by (case, tool, canonical arguments); arguments are canonicalised by the tool's own argument
 model, so defaults and spelling variants the live server accepts find the same recording. Argument validation
 still runs first and fails exactly as it would live, since it needs no data. A call nobody recorded answers
 `not_recorded` with text that says so.
@@ -18,8 +18,9 @@ from typing import Any
 
 from PIL import Image
 
-from case_env.core import registry
+from case_env.core import registry, trajectory
 from case_env.core.calls import chat_call, written_calls
+from case_env.core.sft_data import trajectory_files
 from case_env.core.tools import (
     ErrorCode,
     ToolContext,
@@ -29,9 +30,7 @@ from case_env.core.tools import (
     ToolSpec,
     canonical_arguments,
 )
-from case_env.eval import trajectory
-from case_env.eval.sft import trajectory_files
-from case_env.eval.trajectory import TrajectoryFormatError, content_parts
+from case_env.core.trajectory import TrajectoryFormatError, content_parts
 
 log = logging.getLogger("case_env.replay")
 _RESPONSE = re.compile(r"<tool_response>\n?(.*?)\n?</tool_response>", re.DOTALL)
@@ -40,7 +39,7 @@ _RESPONSE = re.compile(r"<tool_response>\n?(.*?)\n?</tool_response>", re.DOTALL)
 @dataclass
 class ReplayBook:
     entries: dict[tuple[str, str, str], ToolResult] = field(default_factory=dict)
-    patients: dict[str, str] = field(default_factory=dict)  # patient -> its environment
+    cases: dict[str, str] = field(default_factory=dict)  # case id -> its environment
     conflicts: int = 0
 
     @classmethod
@@ -57,12 +56,10 @@ class ReplayBook:
         return book
 
     def _add_record(self, record: dict, base: Path, tools: dict[str, ToolSpec], where: str) -> None:
-        patient = record.get("patient_id")
-        if not patient or not isinstance(record.get("messages"), list):
+        case_id = record.get("patient_id")
+        if not case_id or not isinstance(record.get("messages"), list):
             raise TrajectoryFormatError(f"{where}: a replayable trajectory needs 'patient_id' and 'messages'")
-        self.patients[patient] = (
-            record.get("env") or registry.for_row(str(record.get("data_source", ""))).name
-        )
+        self.cases[case_id] = record.get("env") or registry.for_row(str(record.get("data_source", ""))).name
         pending: dict[str, tuple[str, dict]] = {}
         written: list[tuple[str, dict]] = []  # calls written in the text of the last assistant turn
         last: tuple[str, str, str] | None = None  # the entry of the latest tool reply
@@ -75,7 +72,7 @@ class ReplayBook:
             elif role == "user" and written and isinstance(content, str):
                 # a model served without a tool parser: its calls in its text, their answers in one user turn
                 for (name, arguments), text in zip(written, _RESPONSE.findall(content), strict=False):
-                    last = self._add(patient, tools.get(name), arguments, text, base, where)
+                    last = self._add(case_id, tools.get(name), arguments, text, base, where)
                 written = []
                 continue
             for call in message.get("tool_calls") or []:
@@ -85,7 +82,7 @@ class ReplayBook:
             if message.get("role") == "tool":
                 name, arguments = pending.pop(message.get("tool_call_id", ""), (message.get("name"), None))
                 last = self._add(
-                    patient, tools.get(name or ""), arguments, message.get("content"), base, where
+                    case_id, tools.get(name or ""), arguments, message.get("content"), base, where
                 )
             elif message.get("role") == "user" and isinstance(message.get("content"), list) and last:
                 # a chat transcript carries a tool's image in the user message right after the tool reply
@@ -96,13 +93,13 @@ class ReplayBook:
                 last = None
 
     def _add(
-        self, patient: str, spec: ToolSpec | None, arguments: Any, content: Any, base: Path, where: str
+        self, case_id: str, spec: ToolSpec | None, arguments: Any, content: Any, base: Path, where: str
     ) -> tuple[str, str, str] | None:
         """Record one call's answer; the entry's key, or None for a call no live server would have run."""
         if spec is None or arguments is None:
             return None  # an unknown tool or an orphan reply: nothing a live call could reach
         try:
-            key = (patient, spec.name, canonical_arguments(spec.parse(arguments)))
+            key = (case_id, spec.name, canonical_arguments(spec.parse(arguments)))
         except ToolError:
             return None  # a recorded invalid call: replay validates again and answers the same error
         result = _result(content, base, where)
@@ -126,7 +123,7 @@ class ReplayBook:
                 raise ToolError(
                     ErrorCode.NOT_RECORDED,
                     f"not recorded: this replay set holds no output of "
-                    f"{spec.name} with these arguments for this patient",
+                    f"{spec.name} with these arguments for this case",
                 )
             return found
 

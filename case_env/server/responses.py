@@ -1,9 +1,9 @@
 """Answers of pure tool calls, remembered: the same call on the same data gets the same bytes.
 
-Tools are pure functions of (patient data, arguments), and GRPO rolls each prompt out several times at once
+Tools are pure functions of (case data, arguments), and GRPO rolls each prompt out several times at once
 (verl's `rollout.n`), so the trajectories of a group make the same calls. Each
-answer is kept with its encoded images (base64 done once) under (tool, patient, canonical arguments, the
-patient's file fingerprint); a replaced file changes the fingerprint, so stale answers are never served.
+answer is kept with its encoded images (base64 done once) under (tool, case, canonical arguments, the
+case's file fingerprint); a replaced file changes the fingerprint, so stale answers are never served.
 Only successful answers are kept, in the same byte-bounded LRU that holds decoded volumes; identical calls
 that arrive while the first is computed wait for its answer instead of computing it again. `inflight`
 belongs to the event loop of one worker and is only touched from it.

@@ -10,12 +10,14 @@ import os
 from pathlib import Path
 
 from pydantic import Field, SecretStr, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
+
+from case_env.settings import ScoreSettings
 
 PROTOCOLS = ("verl", "openenv", "mcp")
 
 
-class ServerSettings(BaseSettings):
+class ServerSettings(ScoreSettings):
     model_config = SettingsConfigDict(env_prefix="CASE_ENV_", extra="ignore")
 
     host: str = Field("127.0.0.1", description="Bind address; a non-loopback address requires a token.")
@@ -49,12 +51,6 @@ class ServerSettings(BaseSettings):
     body_timeout_s: float = Field(
         30.0, gt=0, description="A request's body must arrive within this of its head."
     )
-    score_deadline_s: float = Field(
-        30.0,
-        gt=0,
-        description="Deadline of one /v1/score (a judge's round trips included); past it the row scores 0, "
-        "format_ok false, with the reason.",
-    )
     render_threads: int = Field(
         default_factory=lambda data: max(1, (os.cpu_count() or 1) // data["workers"]),
         ge=1,
@@ -79,7 +75,7 @@ class ServerSettings(BaseSettings):
     )
     episode_db: Path | None = Field(
         None,
-        description="SQLite file shared by workers for episodes (their patient bindings and calls). `case-env "
+        description="SQLite file shared by workers for episodes (their case bindings and calls). `case-env "
         "serve` defaults to <cache dir>/episodes/<host>-<port>.sqlite, so a restart keeps every episode's scope; "
         "an app built in process without one keeps them in memory. Calls reach the file at the next quarter-"
         "second tick, those of a tool whose environment reads the log back (an attempt budget) before they "
@@ -92,7 +88,7 @@ class ServerSettings(BaseSettings):
     warm_patients: bool = Field(
         True,
         description="Prepare a case in the background when a worker first sees it (its environment's store "
-        "decides what that means: decoding a patient's volumes, for one).",
+        "decides what that means: decoding a case's volumes, for one).",
     )
     response_cache_mb: int = Field(
         128,

@@ -1,7 +1,7 @@
 """Everything a running server holds, created in the app's lifespan and reached through app.state.
 
 The server hosts every environment it was given (by default every registered one): one case store each,
-their tools side by side. A patient id belongs to exactly one environment's store, and a tool to exactly one
+their tools side by side. A case id belongs to exactly one environment's store, and a tool to exactly one
 environment; which environment that is, is all the routes need to know.
 """
 
@@ -54,23 +54,23 @@ class ServerState:
     def schema_version(self) -> str:
         return schema_version(self.tools)
 
-    def patient_ids(self) -> list[str]:
-        """Every environment's cases (a replay serves only its recorded patients)."""
+    def case_ids(self) -> list[str]:
+        """Every environment's cases (a replay serves only its recorded cases)."""
         if self.replay:
-            return sorted(self.replay.patients)
+            return sorted(self.replay.cases)
         return [case_id for cases in self.cases.values() for case_id in cases.ids()]
 
-    def environment(self, patient_id: str, tool: str = "") -> str | None:
+    def environment(self, case_id: str, tool: str = "") -> str | None:
         """The environment a case id belongs to; None when no environment holds it. The tool's environment
         is asked first: one lookup on every well-formed call, the other environments only for a refusal."""
         if self.replay:
-            env = self.replay.patients.get(patient_id)
+            env = self.replay.cases.get(case_id)
             return env if env in self.environments else None
         owner = self.tool_env.get(tool)
-        if owner is not None and patient_id in self.cases[owner]:
+        if owner is not None and case_id in self.cases[owner]:
             return owner
         for name, cases in self.cases.items():  # a loop, not next(generator): refusals come here
-            if patient_id in cases:
+            if case_id in cases:
                 return name
         return None
 
@@ -80,10 +80,10 @@ class ServerState:
         owner = self.tool_env.get(tool)
         return owner is not None and isinstance(self.environments[owner], HeldContext)
 
-    def fingerprint(self, env: str, patient_id: str) -> tuple:
+    def fingerprint(self, env: str, case_id: str) -> tuple:
         """What the response cache keys a case's answers under (its files' stats, or nothing for cases
         read once per worker)."""
-        return self.cases[env].fingerprint(patient_id)
+        return self.cases[env].fingerprint(case_id)
 
     def memory_bytes(self) -> int:
         return sum(cases.memory_bytes() for cases in self.cases.values())
@@ -96,13 +96,13 @@ class ServerState:
         self.metrics.cache_bytes.set(self.memory_bytes())
         self.metrics.note_models(endpoint_stats())
 
-    def warm(self, env: str, patient_id: str) -> None:
+    def warm(self, env: str, case_id: str) -> None:
         """Prepare a case in the background the first time this worker sees it. One background thread, so
         warming never takes more than one core from serving calls."""
-        if self.preload_pool is None or self.replay is not None or patient_id in self._warmed:
+        if self.preload_pool is None or self.replay is not None or case_id in self._warmed:
             return
-        self._warmed.add(patient_id)
-        self.preload_pool.submit(self.cases[env].warm, patient_id)
+        self._warmed.add(case_id)
+        self.preload_pool.submit(self.cases[env].warm, case_id)
 
     def readiness(self) -> tuple[bool, str | None]:
         """Checked on every call, so the file-system probe is reused for a second."""
@@ -125,5 +125,5 @@ class ServerState:
         if not any(cases.ids() for cases in self.cases.values()):
             if not self.data.data_root.is_dir():
                 return False, "the data root is not readable"
-            return False, "the data root holds no patients"
+            return False, "the data root holds no cases"
         return True, None

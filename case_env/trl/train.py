@@ -136,7 +136,7 @@ def run_sft(run: SFTRun) -> Path:
 def _conversations(data: Path) -> list[dict]:
     import pyarrow.parquet as pq
 
-    from case_env.eval.sft import sft_rows
+    from case_env.core.sft_data import sft_rows
 
     rows = pq.read_table(data).to_pylist() if data.suffix == ".parquet" else list(sft_rows(data))
     return [{"messages": r["messages"], "tools": r.get("tools") or None} for r in rows]

@@ -6,7 +6,7 @@ fixed list of environment variables to its workers (`trainer/constants_ppo.py`),
 server's URL and token through the job's runtime environment (`ray_kwargs.ray_init.runtime_env.env_vars`,
 which `main_ppo` hands to `ray.init`; docs/sources.md, verl 0.9.1). This module joins the same cluster with
 the same runtime environment and runs, pinned to each node, what a rollout worker will do: load the tool
-YAML with verl's loader, build `CaseTool`, call one tool of the bank for one of its patients. It also checks
+YAML with verl's loader, build `CaseTool`, call one tool of the bank for one of its cases. It also checks
 that the files the job names (banks, tool YAML, reward, dataset class) exist on that node.
 """
 

@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 from case_env.core import registry
 from case_env.core.calls import chat_call
 from case_env.core.parts import Recipes, SFTRecipe
-from case_env.eval.sft import sft_rows
+from case_env.core.sft_data import sft_rows
 from case_env.verl import launch
 
 

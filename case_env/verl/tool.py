@@ -6,7 +6,7 @@ What verl 0.9.1 does and does not do shapes this class (docs/architecture.md, "v
   dataset row's `create_kwargs.patient_id`, never from the model; the episode id is `agent_data.request_id`,
   stable for the whole trajectory, except under `rollout.full_determinism`: there verl names every request
   `det-{priority}` and its V1 worker passes no priority, so every trajectory is `det-0`, and the server, which
-  binds an episode to its first patient, would refuse the rest with 403. Such an id gets a suffix drawn once
+  binds an episode to its first case, would refuse the rest with 403. Such an id gets a suffix drawn once
   per trajectory and kept in `agent_data.extra_fields` (docs/sources.md, verl 0.9.1).
 - Tool objects are built once per AgentLoopWorker (and again on the driver by RLHFDataset), and shared by
   every trajectory of that worker: construction does no I/O, and the HTTP client is created lazily inside
@@ -107,7 +107,7 @@ class CaseTool(BaseTool):
         env = self.environment
         if not row.get("patient_id"):
             call = ExecutedCall(self.name, dict(parameters), "no_patient", infra_error=True)
-            response = ToolResponse(text="Error: no patient is bound to this trajectory.")
+            response = ToolResponse(text="Error: no case is bound to this trajectory.")
         else:
             so_far = self._calls_so_far(agent_data, calls) if env is not None and env.context_model else []
             reply, call = await episodes.call(

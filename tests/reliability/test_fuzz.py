@@ -3,7 +3,7 @@
 Both generation modes run: positive (inputs the schema allows) and negative (inputs it forbids, which must
 be refused with a 4xx). Half the requests carry the right token, the others none, a wrong one or one without its scheme; half the
 tool calls name a real patient and tool so that generated arguments reach the tools themselves instead of
-stopping at "unknown patient". Every response is checked for a 5xx, an undocumented status code, content
+stopping at "unknown case". Every response is checked for a 5xx, an undocumented status code, content
 type or header, and a body that does not match its declared schema.
 """
 
@@ -101,7 +101,7 @@ def test_fuzz(dataset, tmp_path, figures):
         schema = schemathesis.openapi.from_url(f"{live.url}/openapi.json", config=config, headers=GOOD)
         operations = [result.ok() for result in schema.get_all_operations()]
         # examples per operation and mode; parameterless GETs yield only a few
-        fuzzer = Fuzzer(live.url, live.state.patient_ids(), sorted(live.state.tools), size(ci=30, full=200))
+        fuzzer = Fuzzer(live.url, live.state.case_ids(), sorted(live.state.tools), size(ci=30, full=200))
         for operation in operations:
             for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
                 fuzzer.run(operation, mode)

@@ -26,12 +26,11 @@ from case_env.core.parts import (
     Synthesis,
     SynthOptions,
     TextBankOptions,
-    TextCases,
     Variant,
 )
 from case_env.core.personas import Personas
 from case_env.core.problems import Problems
-from case_env.core.text_cases import load_text_cases
+from case_env.core.text_cases import TextCases, load_text_cases
 from case_env.core.tools import Tools
 from case_env.envs.casereason import bench, evaluation
 from case_env.envs.casereason.context import ReasoningContext, ReasoningEpisode

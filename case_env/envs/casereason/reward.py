@@ -22,6 +22,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
+from case_env.core import registry
 from case_env.core.answers import ANSWER_TAG, final_segment, last_answer, model_text
 from case_env.core.calls import ExecutedCall, ScoreExtra, decoded, executed_calls
 from case_env.core.llm import Asker, asked_judge
@@ -92,7 +93,7 @@ def casereason_score(
     final, tagged = extract_answer(text, str(settings.get("extraction") or "strict"))
     trace = "\n".join(_THINK.findall(model_text(text)))
     client = client if client is not None else asked_judge()
-    attempts = attempts_of(executed_calls(text, extra_info), final)[:k]
+    attempts = attempts_of(executed_calls(text, extra_info, registry.tool_parameters), final)[:k]
     first, how = 0, "none"
     for i, attempt in enumerate(attempts, start=1):
         verdict = judge(attempt, str(ground_truth), client)

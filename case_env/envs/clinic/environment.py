@@ -32,12 +32,11 @@ from case_env.core.parts import (
     Synthesis,
     SynthOptions,
     TextBankOptions,
-    TextCases,
     Variant,
 )
 from case_env.core.personas import Personas
 from case_env.core.problems import Problems
-from case_env.core.text_cases import load_text_cases
+from case_env.core.text_cases import TextCases, load_text_cases
 from case_env.core.tools import Tools
 from case_env.envs.clinic import bench, evaluation
 from case_env.envs.clinic.context import ClinicContext, ClinicEpisode
@@ -258,7 +257,7 @@ class ClinicEnvironment(
             counts = result.counts()[name]
             noisy = sum(bool(json.loads(r["extra_info"])["noise"]["labels"]) for r in rows)
             cells = " ".join(f"{counts.get(s, 0):17d}" for s in sources)
-            table.append(f"{name:6s} {len(result.patients[name]):6d} {cells} {noisy:6d}")
+            table.append(f"{name:6s} {len(result.cases[name]):6d} {cells} {noisy:6d}")
         meta = {
             "env": self.name,
             "seed": options.seed,

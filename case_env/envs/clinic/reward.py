@@ -268,7 +268,7 @@ def clinic_score(
     dx = verdict.jaccard
     turns = written_turns(solution_str)
     fmt = mx.format_penalty(*tool_turns(turns))
-    calls = executed_calls(solution_str, extra)
+    calls = executed_calls(solution_str, extra, registry.tool_parameters)
     if weights.profile == "medexagent":
         tools = ordered_tools(turns, extra)
         tool_match = exam_term = mx.tool_match(tools, truth)

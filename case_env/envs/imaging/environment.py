@@ -173,7 +173,7 @@ class ImagingEnvironment(
         ]
         for name, counts in result.counts().items():
             cells = " ".join(f"{counts.get(s, 0):17d}" for s in sources)
-            table.append(f"{name:6s} {len(result.patients[name]):8d} {cells} {sum(counts.values()):6d}")
+            table.append(f"{name:6s} {len(result.cases[name]):8d} {cells} {sum(counts.values()):6d}")
         meta = {
             "seed": options.seed,
             "split": options.split,

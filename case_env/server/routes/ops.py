@@ -23,12 +23,12 @@ async def healthz() -> HealthResponse:
     dependencies=[Depends(require_token)],  # it counts cases: an exposed server answers it to the token only
     response_model=ReadyResponse,
     responses={503: {"model": ReadyResponse, "description": "Not ready."}, **UNAUTHORIZED},
-    summary="Readiness: the data root is readable and holds patients",
+    summary="Readiness: the data root is readable and holds cases",
 )
 async def readyz(request: Request):
     state = request.app.state.server
     ready, reason = state.readiness()
-    body = ReadyResponse(ready=ready, patients=len(state.patient_ids()), reason=reason)
+    body = ReadyResponse(ready=ready, patients=len(state.case_ids()), reason=reason)
     return JSONResponse(body.model_dump(), status_code=200 if ready else 503)
 
 

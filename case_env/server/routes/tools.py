@@ -1,7 +1,7 @@
 """POST /v1/tools/{name} and GET /v1/tools: the tool calls verl's rollouts make.
 
 A call passes, in order: readiness (503), admission (one of the in-flight slots, after at most a short
-queue; else 429 + Retry-After), patient lookup (404), episode scope (403), tool and argument checks (ok
+queue; else 429 + Retry-After), case lookup (404), episode scope (403), tool and argument checks (ok
 false), the response cache (the same pure call on unchanged data answers from memory), then the handler in
 a bounded thread pool under the per-call deadline (504): image tools in the render pool, text tools in
 their own small pool so they never queue behind renders. Loading, rendering, PNG and base64 encoding all
@@ -63,13 +63,13 @@ router = APIRouter(
 
 _ERROR_RESPONSES = {
     **BAD_BODY,
-    403: {"model": ToolCallResponse, "description": "The episode is bound to another patient."},
-    404: {"model": ToolCallResponse, "description": "Unknown patient."},
+    403: {"model": ToolCallResponse, "description": "The episode is bound to another case."},
+    404: {"model": ToolCallResponse, "description": "Unknown case."},
     429: {
         "model": ToolCallResponse,
         "description": "Too many calls in flight; retry after Retry-After seconds.",
     },
-    503: {"model": ToolCallResponse, "description": "Not ready, or the patient's stored data is unreadable."},
+    503: {"model": ToolCallResponse, "description": "Not ready, or the case's stored data is unreadable."},
     504: {"model": ToolCallResponse, "description": "The call exceeded the per-call deadline."},
 }
 
@@ -82,7 +82,7 @@ class Outcome:
     error: ErrorInfo | None = None
     digest: str | None = None
     headers: Mapping[str, str] | None = None  # Retry-After of a refusal; None, not a new dict per call
-    bound: bool = False  # the episode is bound to this call's patient: record the call there
+    bound: bool = False  # the episode is bound to this call's case: record the call there
     encoded: tuple[bytes, ...] = ()  # each image's base64, spliced into the answer (`_with_images`)
     sampled: bool = False  # a sample, not the call's function: neither cached nor shared with its twins
     fallback: str | None = None  # the tool's model failed and its rules answered (ToolResult.fallback)
@@ -145,7 +145,7 @@ async def list_tools(
     "/tools/{name}",
     response_model=ToolCallResponse,
     responses=_ERROR_RESPONSES,
-    summary="Call a tool for a patient within an episode",
+    summary="Call a tool for a case within an episode",
 )
 async def call_tool(
     request: Request,
@@ -195,7 +195,7 @@ async def settle(state: ServerState, name: str, body: ToolCallRequest) -> tuple[
         try:
             state.audit.write(
                 episode_id=body.episode_id,
-                patient_id=body.patient_id,
+                case_id=body.patient_id,
                 tool=name,
                 arguments=body.arguments,
                 status=status,
@@ -267,13 +267,14 @@ def _retry(state: ServerState) -> dict[str, str]:
 async def _admitted(
     state: ServerState, name: str, spec: ToolSpec | None, body: ToolCallRequest, started: float
 ) -> Outcome:
-    env_name = state.environment(body.patient_id, name)
+    case_id = body.patient_id  # the CASE schema's name on the wire
+    env_name = state.environment(case_id, name)
     if env_name is None:
-        return Outcome.failure(ErrorCode.UNKNOWN_PATIENT, f"unknown patient {body.patient_id!r}")
-    bound_to = state.episodes.bind(body.episode_id, body.patient_id)
-    if bound_to != body.patient_id:
-        return Outcome.failure(ErrorCode.SCOPE_VIOLATION, "this episode is bound to another patient")
-    state.warm(env_name, body.patient_id)
+        return Outcome.failure(ErrorCode.UNKNOWN_PATIENT, f"unknown case {case_id!r}")
+    bound_to = state.episodes.bind(body.episode_id, case_id)
+    if bound_to != case_id:
+        return Outcome.failure(ErrorCode.SCOPE_VIOLATION, "this episode is bound to another case")
+    state.warm(env_name, case_id)
     env = state.environments[env_name]
     if spec is None:
         valid = ", ".join(env.tools)
@@ -286,8 +287,7 @@ async def _admitted(
         if refused is not None:
             return refused
         message = (
-            f"{name} is {_a(owner.title)} tool; this patient is {_a(env.title)} case, not "
-            f"{_a(owner.title)} case"
+            f"{name} is {_a(owner.title)} tool; this case is {_a(env.title)} case, not {_a(owner.title)} case"
         )
         return Outcome.failure(ErrorCode.NOT_AVAILABLE, message, bound=True)
     episode, refused = _context(env, body.context)
@@ -326,20 +326,21 @@ async def _run(
     body: ToolCallRequest,
     started: float,
 ) -> Outcome:
+    case_id = body.patient_id
     try:
         args = spec.parse(body.arguments)
     except ToolError as exc:
         return Outcome.failure(exc.code, exc.message, bound=True)
-    context = env.tool_context(state.cases.get(env_name), body.patient_id, episode)
+    context = env.tool_context(state.cases.get(env_name), case_id, episode)
     compute = functools.partial(_compute, state, spec, args, context, started)
     if spec.inline or state.replay is not None or state.responses.max_bytes <= 0:
         # an inline tool answers faster than its cache key is built; replay answers from recordings; a
         # zero budget turns the cache off
         return await compute()
     episode_key = episode.model_dump_json(include=spec.context_fields) if episode is not None else ""
-    fingerprint = state.fingerprint(env_name, body.patient_id) if state.replay is None else ()
+    fingerprint = state.fingerprint(env_name, case_id) if state.replay is None else ()
     # the parsed arguments in field order: as canonical as `canonical_arguments` for one tool, a tenth the cost
-    key = (spec.name, body.patient_id, args.model_dump_json(), episode_key, fingerprint)
+    key = (spec.name, case_id, args.model_dump_json(), episode_key, fingerprint)
     cached = state.responses.peek(key)
     if cached is not None:
         state.metrics.count_cache("hit")
@@ -408,7 +409,7 @@ def _refused(exc: ToolError | DataError) -> Outcome:
         return Outcome.failure(exc.code, exc.message, bound=True)
     if isinstance(exc, MissingDataError):
         return Outcome.failure(ErrorCode.NOT_AVAILABLE, exc.reason, bound=True)
-    message = f"stored data for this patient cannot be read ({exc.reason})"
+    message = f"stored data for this case cannot be read ({exc.reason})"
     return Outcome.failure(ErrorCode.DATA_UNAVAILABLE, message, bound=True)
 
 

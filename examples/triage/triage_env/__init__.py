@@ -22,11 +22,10 @@ from case_env.core.parts import (
     Synthesis,
     SynthOptions,
     TextBankOptions,
-    TextCases,
 )
 from case_env.core.personas import Personas
 from case_env.core.policy import Turn
-from case_env.core.text_cases import CaseTable, Loaded, load_text_cases, served_cases
+from case_env.core.text_cases import CaseTable, Loaded, TextCases, load_text_cases, served_cases
 from case_env.core.tools import Tools, schema_version
 
 FLAGS = {"heart_rate": (40, 130), "resp_rate": (8, 24), "spo2": (92, 101), "systolic": (90, 250)}

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 
 from case_env.core import registry
-from case_env.core.bank import SPLITS, BankResult, split_patients
+from case_env.core.bank import SPLITS, BankResult, split_cases
 from case_env.core.frozen import FrozenDraw
 from case_env.core.problems import Problems
 from case_env.core.tools import schema_version
@@ -56,7 +56,7 @@ def build(
     drafts = balance(drafts, FrozenDraw(seed, "balance"))
     drafts.sort(key=lambda x: (x.patient_id, x.persona.value, x.template, x.stem))
     questions: list[Question] = assign_letters(drafts, FrozenDraw(seed, "letters"))
-    patients = split_patients([f.patient_id for f in facts], fractions, seed)
+    patients = split_cases([f.patient_id for f in facts], fractions, seed)
     split_of = {pid: split for split, pids in patients.items() for pid in pids}
     scenario_of = {f.patient_id: f.scenario for f in facts}
     version = schema_version(env.tools)

@@ -22,9 +22,9 @@ from case_env.core.policy import Observation, Turn
 FILENAME = "trajectories.jsonl"
 
 
-def case_folder(patient_id: str) -> str:
-    digits = "".join(ch for ch in patient_id if ch.isdigit())
-    return f"case{int(digits):04d}" if digits else patient_id
+def case_folder(case_id: str) -> str:
+    digits = "".join(ch for ch in case_id if ch.isdigit())
+    return f"case{int(digits):04d}" if digits else case_id
 
 
 def rollout_id(item: Item, repeat: int, variant: str = "") -> str:

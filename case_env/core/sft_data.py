@@ -16,9 +16,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from case_env.core import trajectory
 from case_env.core.policy import with_thought
-from case_env.eval import trajectory
-from case_env.eval.trajectory import TrajectoryFormatError
+from case_env.core.trajectory import TrajectoryFormatError
 
 
 def trajectory_files(source: Path) -> list[Path]:
