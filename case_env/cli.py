@@ -841,9 +841,8 @@ def bank_validate(
     for path in paths:
         result = validate(path)
         sources = ", ".join(f"{k} {v}" for k, v in sorted(result.by_source.items()))
-        typer.echo(
-            f"{path}: {result.rows} rows, {len(result.by_case)} case{'' if len(result.by_case) == 1 else 's'} ({sources})"
-        )
+        cases = len(result.by_case)
+        typer.echo(f"{path}: {result.rows} rows, {cases} case{'' if cases == 1 else 's'} ({sources})")
         for problem in result.problems:
             typer.echo(f"problem: {path.name}: {problem}", err=True)
         failed |= not result.ok
