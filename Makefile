@@ -49,14 +49,14 @@ demo: $(STAMP)
 	$(BIN)/case-env data check $(DEMO_ROOT)
 	$(BIN)/case-env bank build --data-root $(DEMO_ROOT) --out $(DEMO_BANK) --seed $(DEMO_SEED)
 	$(BIN)/case-env rollouts --bank $(DEMO_BANK) --split train --data-root $(DEMO_ROOT) --per-source 8
-	@# the clinic environment (issue 8): cases next to the imaging patients, a bank at MedExAgent's training
+	@# the clinic environment: cases next to the imaging patients, a bank at MedExAgent's training
 	@# noise rates, scripted-clinician rollouts through verl, then the acceptance comparison with its report
 	$(BIN)/case-env synth --env clinic --out $(DEMO_ROOT) --patients $(DEMO_CASES) --seed $(DEMO_SEED)
 	$(BIN)/case-env bank build --env clinic --data-root $(DEMO_ROOT) --out $(DEMO_CLINIC)/bank --seed $(DEMO_SEED) \
 		--patient-noise 0.3 --exam-noise 0.1
 	$(BIN)/case-env rollouts --bank $(DEMO_CLINIC)/bank --split train --data-root $(DEMO_ROOT) --per-source 16
 	$(BIN)/python scripts/clinic_acceptance.py --cases $(DEMO_CASES) --seed $(DEMO_SEED) --out $(DEMO_CLINIC)/acceptance
-	@# the case-reasoning environment (issue 9): synthetic case reports, sequential-attempt rollouts through
+	@# the case-reasoning environment: synthetic case reports, sequential-attempt rollouts through
 	@# verl (submit_diagnosis, k = 5), then the scripted baselines' accuracy at 1/5/10 attempts and recall
 	$(BIN)/case-env synth --env casereason --out $(DEMO_ROOT) --patients 150 --seed $(DEMO_SEED)
 	$(BIN)/case-env bank build --env casereason --data-root $(DEMO_ROOT) --out $(DEMO_REASON)/bank --seed $(DEMO_SEED) \
@@ -66,7 +66,7 @@ demo: $(STAMP)
 	@# every registered environment, with its personas and tools
 	$(BIN)/case-env envs
 
-# The real-data path (issue 16) on a machine without UK Biobank access: the synthetic patients as UK Biobank
+# The real-data path on a machine without UK Biobank access: the synthetic patients as UK Biobank
 # field-20201 zips, ingested back (pydicom, stitching), label maps from the generator standing in for
 # `case-env segment`, checked, a bank from measured truth with the clinical table and no phantom manifests,
 # then rollouts through verl's ToolAgentLoop against the tool server on the ingested root.
@@ -122,7 +122,7 @@ train-env:
 test: $(STAMP) $(VF_VENV)/.installed lint browser
 	PYTHONFAULTHANDLER=1 $(BIN)/python -m pytest
 
-# The reliability suite at full scale (issue 7): fuzzing, hostile input, reward hacking, scope and auth,
+# The reliability suite at full scale: fuzzing, hostile input, reward hacking, scope and auth,
 # a 2,000-call burst, kill -9 under verl, a 50,000-call soak, corrupt data. `make test` runs it at CI scale.
 reliability: $(STAMP)
 	CASE_ENV_RELIABILITY=full CASE_ENV_RELIABILITY_OUT=reliability.json $(BIN)/python -m pytest tests/reliability -q

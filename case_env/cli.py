@@ -13,6 +13,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -33,6 +34,10 @@ from case_env.core.parts import (
 from case_env.core.problems import Problems
 from case_env.core.text_cases import TextCases, cases_variable
 from case_env.trl.commands import model_app, trl_app
+
+if TYPE_CHECKING:
+    from case_env.server.settings import ServerSettings
+    from case_env.settings import DataSettings
 
 app = typer.Typer(
     help="case-env: RL environment server for clinical agents that gather evidence with tools.",
@@ -213,14 +218,47 @@ def serve(
     import tempfile
 
     import uvicorn
-    from pydantic import ValidationError
 
-    from case_env.core.problems import describe_errors
-    from case_env.server.control import is_loopback
     from case_env.server.http import PROTOCOL
-    from case_env.server.settings import ServerSettings
-    from case_env.settings import DataSettings
 
+    _serve_options(data_root, host, port, workers, audit_log, replay, cases, protocols, banks)
+    settings, data = _served_settings()
+    with tempfile.TemporaryDirectory(prefix="case-env-") as run_dir:
+        if on_ray:
+            _serve_on_ray(settings, data, replicas, Path(run_dir))
+            return
+        _port_free(settings.host, settings.port)
+        if settings.audit_log is None:
+            typer.echo("audit log disabled (set CASE_ENV_AUDIT_LOG or --audit-log)", err=True)
+        if settings.workers > 1:
+            os.environ["PROMETHEUS_MULTIPROC_DIR"] = run_dir
+        uvicorn.run(
+            "case_env.server.app:create_app",
+            factory=True,
+            host=settings.host,
+            port=settings.port,
+            workers=settings.workers,
+            log_level=log_level,
+            access_log=access_log,
+            http=PROTOCOL,  # each answer in one write (case_env/server/http.py)
+            # the OpenEnv door's observations are mostly base64 PNG, which deflate cannot shrink: compressing
+            # them cost a quarter of the door's server CPU (py-spy), for nothing on loopback or a cluster's LAN
+            ws_per_message_deflate=False,
+        )
+
+
+def _serve_options(
+    data_root: Path | None,
+    host: str | None,
+    port: int | None,
+    workers: int | None,
+    audit_log: Path | None,
+    replay: Path | None,
+    cases: list[str] | None,
+    protocols: str | None,
+    banks: list[Path] | None,
+) -> None:
+    """`serve`'s options as the CASE_ENV_* settings its workers (or Ray replicas) read."""
     overrides = {
         "DATA_ROOT": data_root,
         "HOST": host,
@@ -241,6 +279,17 @@ def serve(
         if missing:
             _fail(f"bank {missing[0]} does not exist (build one with `case-env bank build`)", 2)
         os.environ["CASE_ENV_BANKS"] = json.dumps([str(b.resolve()) for b in banks])
+
+
+def _served_settings() -> tuple[ServerSettings, DataSettings]:
+    """The server's and the data's settings, or a one-line refusal of what cannot be served."""
+    from pydantic import ValidationError
+
+    from case_env.core.problems import describe_errors
+    from case_env.server.control import is_loopback
+    from case_env.server.settings import ServerSettings
+    from case_env.settings import DataSettings
+
     try:
         settings = ServerSettings()
     except ValidationError as exc:
@@ -277,28 +326,7 @@ def serve(
             f"{data.data_root}`, or point --data-root at a data root",
             2,
         )
-    with tempfile.TemporaryDirectory(prefix="case-env-") as run_dir:
-        if on_ray:
-            _serve_on_ray(settings, data, replicas, Path(run_dir))
-            return
-        _port_free(settings.host, settings.port)
-        if settings.audit_log is None:
-            typer.echo("audit log disabled (set CASE_ENV_AUDIT_LOG or --audit-log)", err=True)
-        if settings.workers > 1:
-            os.environ["PROMETHEUS_MULTIPROC_DIR"] = run_dir
-        uvicorn.run(
-            "case_env.server.app:create_app",
-            factory=True,
-            host=settings.host,
-            port=settings.port,
-            workers=settings.workers,
-            log_level=log_level,
-            access_log=access_log,
-            http=PROTOCOL,  # each answer in one write (case_env/server/http.py)
-            # the OpenEnv door's observations are mostly base64 PNG, which deflate cannot shrink: compressing
-            # them cost a quarter of the door's server CPU (py-spy), for nothing on loopback or a cluster's LAN
-            ws_per_message_deflate=False,
-        )
+    return settings, data
 
 
 def _port_free(host: str, port: int) -> None:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The imaging environment's figures on real-data-shaped roots (issue 16): a bank from measured truth on
+"""The imaging environment's figures on real-data-shaped roots: a bank from measured truth on
 synthetic patients whose phantom manifests were removed, with the synthetic clinical table; its agreement
 with the manifest truth on the same patients; and the scripted agents and prompt-only baselines on it.
 

@@ -5,7 +5,7 @@ A closed-loop benchmark on a small machine shares its cores with the server it m
 load generator spends per call is taken from the server. aiohttp's client cost about 0.23 ms of CPU per
 call here (cheap mix, 3,900 calls/s took 0.87 of the two cores); this one writes a request as one
 preformatted buffer and parses only the status line, Content-Length or chunked framing and `Connection`,
-a fraction of that (the issue 19 closing note has the measurement). A closed loop never pipelines, so a
+a fraction of that (measured with py-spy). A closed loop never pipelines, so a
 connection holds at most one request in flight; `wrk` and `h2load` are built the same way.
 """
 

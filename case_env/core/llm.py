@@ -1,23 +1,16 @@
 """A client for OpenAI-compatible chat endpoints: asynchronous underneath, bounded per endpoint, with a cache.
 
-Used where an environment may consult a language model (a simulated patient, a judge of answers), at the
-scale of a training step: a verl step of 64 prompts x 16 samples puts 1,024 episodes on a patient and 1,024
-rewards on a judge at once. Every endpoint (base URL and key) has, per process, one `Endpoint`: one
-connection pool, at most `concurrency` requests in flight, the rest waiting in its queue, every request
-bounded by the caller's `timeout_s` (queue included) and retried after a connection error, a 429 or a 5xx
-while that budget lasts. Endpoints live on one event loop of their own in a daemon thread, so the server's
-loop, verl's reward loop and plain threads (eval, `/v1/score`) share the same pool and the same bound:
-`acomplete` awaits a reply without holding a thread, `complete` blocks its caller's thread for it.
+Used where an environment consults a language model (a simulated patient, a judge) at a training step's
+scale: 1,024 episodes or rewards waiting at once. Per process, each endpoint (base URL and key) has one
+`Endpoint`: one connection pool, at most `concurrency` requests in flight and a queue, every request
+bounded by the caller's `timeout_s` and retried on connection errors, 429 and 5xx while that lasts. The
+endpoints run on an event loop of their own in a daemon thread, shared by the server's loop, verl's reward
+loop and plain threads: `acomplete` awaits, `complete` blocks the calling thread.
 
-Rewards must not drift between runs and a GRPO group may need one answer, so replies are cached on disk by a
-hash of (model, messages, parameters) unless asked `fresh`: a published system that samples anew on every
-call (MedExAgent's patient and judge at 0.7) is reproduced with `fresh=True`.
-A failure (timeout, HTTP error, malformed reply) returns None and is never cached; callers fall back to
-their deterministic rules.
-
-A reward written as a plain function asks its judge through `asked_judge()`. `asked_ahead` runs such a function
-with every judge request of a pass sent concurrently and awaited on the loop (the function re-run with the
-replies), so a coroutine reward and the synchronous one share a single definition of the score.
+Replies are cached on disk by a hash of (model, messages, parameters), so rewards do not drift, unless asked
+`fresh` (a system that samples anew on every call, as MedExAgent's patient and judge at 0.7). A failure
+returns None, never cached; callers fall back to their rules. `asked_ahead` runs a plain reward with all of
+its judge requests sent together, so coroutine and synchronous rewards share one definition of the score.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 A policy in RL can loop on a tag for its whole response. A regex of the form `<a>(.*?)</a>` tries every
 opening tag against the rest of the text when the closing one never comes, which is quadratic: `<tool_call>`
-18,000 times took 41.7 s to score, and held the server's event loop as long (issue 31). `Tagged` finds each
+18,000 times took 41.7 s to score, and held the server's event loop as long. `Tagged` finds each
 block with `str.find`, moving only forward, and keeps the regex's meaning, which every reward relies on: a
 block ends at the nearest closing tag, blocks never overlap, and where asked an unclosed block runs to the end
 of the text (as `(?:</a>|$)` does, stopping before a final newline). It answers the calls the readers made of

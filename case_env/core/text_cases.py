@@ -1,4 +1,5 @@
-"""Cases read from text files and held in memory, keyed by id: what environments with the `TextCases` part share."""
+"""Cases read from text files and held in memory, keyed by id: what environments with the `TextCases` part
+share, and `TextCaseEnvironment`, the base of one with one bank row per case."""
 
 from __future__ import annotations
 
@@ -6,12 +7,17 @@ import os
 from abc import abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
+from pydantic import BaseModel
+
+from case_env.core.bank import BankRow, rows_by_split
+from case_env.core.environment import Environment
 from case_env.core.errors import CommandError
-from case_env.core.parts import DataCheck, DataChecks, TextBankOptions
+from case_env.core.parts import BankBuild, BankOptions, Banks, DataCheck, DataChecks, TextBankOptions
 from case_env.core.problems import Problems
 from case_env.core.tools import ToolContext
+from case_env.settings import DataSettings
 
 
 def case_paths(setting: str | None, data_root: Path | None, folder: str) -> list[Path]:
@@ -117,3 +123,32 @@ def served_cases(env: TextCases, data_root: Path | None) -> CaseTable:
     name = env.name  # type: ignore[attr-defined]
     loaded = env.load_cases(case_paths(os.environ.get(cases_variable(name)), data_root, name))
     return CaseTable(loaded.cases, loaded.problems)
+
+
+class TextCaseEnvironment(Environment, TextCases, Banks):
+    """An environment of cases read from text files with one bank row per case. It writes `load_cases`,
+    `case_row` and `score`; the server's table of cases, the tools' `CaseContext` (`ctx.case()`) and the bank's
+    splits by case come from here."""
+
+    bank_options: ClassVar[type[BankOptions]] = TextBankOptions
+
+    def open_cases(self, data: DataSettings) -> CaseTable:
+        return served_cases(self, data.data_root)
+
+    def tool_context(self, cases: Any, case_id: str, episode: BaseModel | None) -> CaseContext:
+        return CaseContext(cases, case_id, episode)
+
+    @abstractmethod
+    def case_row(self, case: Any, index: int, split: str) -> BankRow:
+        """The bank row of one case (`index` its place in id order, `split` the split it went to)."""
+
+    def build_bank(self, options: BankOptions) -> BankBuild:
+        assert isinstance(options, TextBankOptions)
+        paths, loaded = load_text_cases(self, options)
+        result = rows_by_split(loaded.cases, options.split, options.seed, self.case_row)
+        return BankBuild(
+            result,
+            {"cases": [str(p) for p in paths]},
+            [f"{len(loaded.cases)} cases"],
+            Problems(loaded.problems),
+        )

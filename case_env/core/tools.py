@@ -1,28 +1,13 @@
 """The tool framework: what a tool is, how tools are found, described and called.
 
-A tool is a typed function in an environment's tool package (`tools/<env>/`, installed as
-`case_env.tools.<env>`), decorated with `@tool(personas=...)`:
-
-    @tool(personas=("nurse",))
-    def read_vitals(ctx: CaseContext, unit: Unit = Field(Unit.SI, description="Units.")) -> ToolResult:
-        \"\"\"Read this patient's vital signs at arrival.\"\"\"
-
-Its name is the function's, its description the docstring (lines joined by spaces), its arguments the
-parameters after the context, each with its type and a `Field` (description, limits, default). Options say how
-the server runs it: `renders` (it draws images, so it runs in the render pool), `remember` (later calls of
-the same episode need its answer, so the caller keeps it; see `Environment.episode_context`), `inline` (it
-answers from memory and never blocks, so it runs on the event loop) and `resident` (every read goes through a
-store that guards its I/O, so the server first tries it on the event loop and falls back to the pool when data
-is not yet in memory; see `case_env.core.resident`). An `async def` tool (one that awaits a language model)
-is awaited on the server's event loop, holding no thread while it waits. A module may instead define `TOOLS`, a list of
-`ToolSpec` built from a table (`tool_spec` makes one), when many tools share one handler and differ only in
-data. The personas a tool names must be personas of its environment: checked when the environment loads.
-Tools are pure functions of (case data, arguments, episode context): the case comes from the call, never
-from an argument, so no tool schema has a case field and any worker can answer any call.
-
-verl keeps only `type`, `description` and `enum` of each parameter (docs/architecture.md, "verl's limits"),
-so arguments may be scalars and enums only; the loader refuses anything else at load time, and the schema
-served to models is reduced to exactly what verl passes on.
+A tool is a typed function in an environment's tool package (`tools/<env>/`), decorated with
+`@tool(personas=...)`: its name is the function's, its description the docstring, its arguments the
+parameters after the context, each a scalar or an enum with a `Field` (verl passes on only `type`,
+`description` and `enum`; anything else is refused at load). Options tell the server how to run it:
+`renders` (in the render pool), `remember` (the caller keeps its answer for later calls), `inline` (on the
+event loop), `resident` (on the loop while its data is in memory); an `async def` tool is awaited. A module
+may define `TOOLS` instead, specs built from a table. Tools are pure functions of (case data, arguments,
+episode context): the case comes from the call, never from an argument, so any worker answers any call.
 """
 
 from __future__ import annotations

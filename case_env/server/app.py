@@ -112,56 +112,7 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: ToolServer) -> AsyncIterator[None]:
-        raise_open_file_limit()
-        specs = {name: spec for env in hosted.values() for name, spec in env.tools.items()}
-        replay = ReplayBook.load(settings.replay_dir, specs) if settings.replay_dir else None
-        cases = {}
-        if replay is not None:
-            specs = replay.bind(specs)
-            log.info(
-                "replay: %d recorded calls for %d cases from %s",
-                len(replay.entries),
-                len(replay.cases),
-                settings.replay_dir,
-            )
-        else:
-            for name, env in hosted.items():
-                cases[name] = env.open_cases(data)
-                problems = cases[name].problems
-                log.info(
-                    "%s: %d cases, %d problem(s) under %s",
-                    name,
-                    len(cases[name].ids()),
-                    len(problems),
-                    data.data_root,
-                )
-                for line in problems.shown():
-                    log.warning("%s data problem: %s", name, line)
-        state = ServerState(
-            settings=settings,
-            data=data,
-            environments=hosted,
-            cases=cases,
-            tools=specs,
-            tool_env=tool_env,
-            replay=replay,
-            episodes=EpisodeLog(
-                settings.episode_db,
-                settings.episode_idle_s,
-                settings.max_episodes,
-                settings.max_calls_per_episode,
-            ),
-            audit=AuditLog(settings.audit_log),
-            responses=ResponseCache(settings.response_cache_mb * 2**20),
-            admission=Admission(settings.max_in_flight, settings.max_queued, settings.queue_wait_s),
-            awaiting=Admission(settings.max_awaiting, 0, 0.0),
-            metrics=Metrics(),
-            render_pool=ThreadPoolExecutor(settings.render_threads, thread_name_prefix="case-env-render"),
-            text_pool=ThreadPoolExecutor(settings.text_threads, thread_name_prefix="case-env-text"),
-            preload_pool=ThreadPoolExecutor(1, thread_name_prefix="case-env-warm")
-            if settings.warm_patients
-            else None,
-        )
+        state = _open_state(settings, data, hosted, tool_env)
         if settings.audit_log is None:  # `case-env serve` says it once for all its workers
             log.info("audit log disabled (set CASE_ENV_AUDIT_LOG or --audit-log)")
         app.state.server = state
@@ -177,15 +128,7 @@ def create_app(
                 yield
         finally:
             app.serving = None
-            for task in state.tasks:
-                task.cancel()
-            state.render_pool.shutdown(wait=False, cancel_futures=True)
-            state.text_pool.shutdown(wait=False, cancel_futures=True)
-            if state.preload_pool is not None:
-                state.preload_pool.shutdown(wait=False, cancel_futures=True)
-            state.metrics.publish()
-            state.episodes.close()
-            state.audit.close()
+            _close_state(state)
 
     app = ToolServer(
         title="case-env",
@@ -208,6 +151,73 @@ def create_app(
     _install_error_handlers(app)
     contract.install(app, hosted, tool_env)
     return app
+
+
+def _open_state(
+    settings: ServerSettings, data: DataSettings, hosted: dict[str, Environment], tool_env: dict[str, str]
+) -> ServerState:
+    """A worker's state: its cases (or the replayed calls), its logs, caches, admission and pools."""
+    raise_open_file_limit()
+    specs = {name: spec for env in hosted.values() for name, spec in env.tools.items()}
+    replay = ReplayBook.load(settings.replay_dir, specs) if settings.replay_dir else None
+    cases = {}
+    if replay is not None:
+        specs = replay.bind(specs)
+        log.info(
+            "replay: %d recorded calls for %d cases from %s",
+            len(replay.entries),
+            len(replay.cases),
+            settings.replay_dir,
+        )
+    else:
+        for name, env in hosted.items():
+            cases[name] = env.open_cases(data)
+            problems = cases[name].problems
+            log.info(
+                "%s: %d cases, %d problem(s) under %s",
+                name,
+                len(cases[name].ids()),
+                len(problems),
+                data.data_root,
+            )
+            for line in problems.shown():
+                log.warning("%s data problem: %s", name, line)
+    return ServerState(
+        settings=settings,
+        data=data,
+        environments=hosted,
+        cases=cases,
+        tools=specs,
+        tool_env=tool_env,
+        replay=replay,
+        episodes=EpisodeLog(
+            settings.episode_db,
+            settings.episode_idle_s,
+            settings.max_episodes,
+            settings.max_calls_per_episode,
+        ),
+        audit=AuditLog(settings.audit_log),
+        responses=ResponseCache(settings.response_cache_mb * 2**20),
+        admission=Admission(settings.max_in_flight, settings.max_queued, settings.queue_wait_s),
+        awaiting=Admission(settings.max_awaiting, 0, 0.0),
+        metrics=Metrics(),
+        render_pool=ThreadPoolExecutor(settings.render_threads, thread_name_prefix="case-env-render"),
+        text_pool=ThreadPoolExecutor(settings.text_threads, thread_name_prefix="case-env-text"),
+        preload_pool=ThreadPoolExecutor(1, thread_name_prefix="case-env-warm")
+        if settings.warm_patients
+        else None,
+    )
+
+
+def _close_state(state: ServerState) -> None:
+    for task in state.tasks:
+        task.cancel()
+    for pool in (state.render_pool, state.text_pool, state.preload_pool):
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+    state.metrics.publish()
+    state.episodes.close()
+    state.audit.close()
 
 
 def _telemetry(settings: ServerSettings) -> dict:

@@ -1,7 +1,7 @@
 """Bearer-token check for /v1 routes and /metrics (constant-time comparison).
 
 `TokenGate` checks it in front of everything else, so a caller without the token learns nothing about a
-route: not whether its body is well formed (422), too large (413) or its path redirected (issue 31 found a
+route: not whether its body is well formed (422), too large (413) or its path redirected (an outside audit found a
 malformed body answered 422 before 401). The routes still declare FastAPI's `HTTPBearer` dependency, so
 /openapi.json names the scheme on every route that needs it.
 """

@@ -1,26 +1,14 @@
 """Episode bindings shared by the workers of one server: which case each live episode may read.
 
-Scope is checked on every call and must hold across workers from an episode's first call on (a
-trajectory's calls may land on any worker, and a hostile client can race first calls with different
-cases). The binding used to be a row of the SQLite episode database, written in its own transaction: with
-two workers that INSERT cost about 0.06 ms per cheap call, a fifth of its server CPU (issue 19, measured by
-taking it out), for the locks and the WAL append of a cross-process commit. Here it is a slot of an
-open-addressing hash table in a memory-mapped file, changed under an advisory lock: microseconds.
+Scope must hold across workers from an episode's first call on, against clients racing first calls with
+different cases, at microseconds a call: a binding is a slot of an open-addressing hash table in a
+memory-mapped file, changed under `flock` (docs/performance.md has what a database row cost instead). The
+table decides which episodes are live (`claim`, `touch`, `expire`), and tells the episode log what it drops.
 
-The table is the authority on which episodes are live: a claim binds an unknown episode, `touch` keeps an
-episode seen, `expire` drops the idle ones and the least recently seen beyond the cap, and says which, so
-the episode log (`episodes.py`) can forget them too.
-
-Layout: one header page (magic and version, slot size, slot count, the live and deletion counts, a random
-hash key), then `capacity` slots of 224 bytes: state (0 empty, 1 bound), the lengths of the two ids, a
-64-bit keyed hash of the episode id, the times the episode was bound and last seen, the episode id (128
-bytes at most, `EPISODE_ID_PATTERN`) and the case id (64). Linear probing; a deletion shifts the
-following run back (Knuth's algorithm R), so no tombstones pile up and a lookup ends at the first empty
-slot.
-
-Crash safety: every change happens under the lock (`flock`, released by the kernel when its holder dies), and
-a claim writes the slot's state byte after its contents, so a worker killed mid-claim leaves the slot empty.
-The live count is recounted from the slots whenever the file is opened.
+A slot (224 bytes): state, the two ids' lengths, a keyed 64-bit hash of the episode id, bound and seen times,
+the episode id (128 bytes) and the case id (64). Linear probing; a deletion shifts the run after it back
+(Knuth's algorithm R), so no tombstones pile up. A claim writes the state byte last, so a worker killed
+mid-claim leaves the slot empty; the live count is recounted whenever the file opens.
 """
 
 from __future__ import annotations

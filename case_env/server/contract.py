@@ -2,7 +2,7 @@
 
 FastAPI documents the routes as written, and two are generic: `POST /v1/tools/{name}` takes any tool name and
 a `context` of any shape, `GET /v1/tools?env=` any string, and `/v1/score` any `extra_info`. The server is
-stricter, as it should be, so a client reading the document (schemathesis did, issue 31) met refusals of
+stricter, as it should be, so a client reading the document (schemathesis did) met refusals of
 requests the document allowed. Here the document is rewritten from what the server hosts: one path per tool,
 whose body carries the context model of the tool's environment (or no context), `env` as the hosted names,
 and `extra_info` as the rewards' model (`registry.row_extra`). The generic route still answers every call,

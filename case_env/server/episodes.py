@@ -1,22 +1,14 @@
 """Episodes: which case each trajectory is bound to, and its recent calls.
 
-Every worker of a multi-worker server must agree on an episode's case from its first call on: a
-trajectory whose calls land on different workers is still held to one case. The bindings live in a
-table the workers share in memory (`bindings.py`), which also decides which episodes are live: idle
-episodes expire and the number of episodes is capped (least recently seen go first).
+Bindings live in a table the workers share in memory (`bindings.py`), which also decides which episodes are
+live: idle ones expire, and past the cap the least recently seen go first. Each worker remembers the
+bindings it has seen (a binding never changes while its episode lives) and forgets them when the table
+says an episode was dropped, so a reused id is never held to its old case.
 
-The calls of each episode, its most recent ones only, are kept in SQLite, shared by the workers too: an
-index for inspection (the audit log is the durable record), so the database runs without fsync. Calls are
-written in batches (`flush`, every quarter second and before any read) rather than one transaction per
-call, and each episode's calls of one flush go into one row (`call_batches`, the calls as a JSON array):
-a row per call, indexed by its episode's text id, cost 12-15 µs of B-tree work each, a tenth of a cheap
-call's server CPU (issue 19 measurement), where a row per episode and flush, keyed by the episode's
-integer key, costs a few.
-
-A binding never changes while its episode lives, so each worker remembers the bindings it has seen and
-asks the table only about episodes it does not know. The table counts the episodes any worker drops
-(expired, or over the cap); when the count moves, a worker forgets what it remembers, so a dropped episode
-id, bound anew to another case elsewhere, is never held to its old case here.
+Each episode's most recent calls are kept in SQLite for inspection (the audit log is the durable record),
+without fsync, written in batches (`flush`, every quarter second and before any read) as one row per episode
+and flush, keyed by the episode's integer key: a row per call cost a tenth of a cheap call's server CPU
+(docs/performance.md).
 """
 
 from __future__ import annotations

@@ -1,24 +1,14 @@
-"""uvicorn's httptools protocol, writing each response in one system call instead of two.
+"""uvicorn's httptools protocol, writing each response in one system call, and cutting slow clients.
 
-uvicorn writes a response's status line and headers when the app sends `http.response.start`, and its body
-when the app sends `http.response.body`: two `send` calls on the socket for every answer. On loopback each
-one that finds the client waiting wakes it, and the wake-up is paid by the writer; the write of the
-headers alone was 6 % of a render's server CPU (issue 19 profile). Here the connection's transport holds
-what is written and hands it to the socket as one `writelines` (one `writev`, no copy) when the response
-is complete: a tool answer's head and body go out together. What is written without completing a response
-(a `100 Continue`, the chunks of a streamed body) goes out at the end of the current turn of the event
-loop. The bytes and their order are unchanged, and closing the connection writes what is held first.
+uvicorn writes a response's head and body in two `send` calls; on loopback each wakes the waiting client at
+the writer's cost. Here the transport holds what is written and hands a complete response to the socket as
+one `writelines` (one `writev`, no copy); anything written short of a complete response goes out at the end
+of the loop's turn. Bytes and order are unchanged.
 
-It also cuts slow and idle clients, which uvicorn leaves connected for as long as they like: its keep-alive
-timer runs only between a response and the first byte of the next request, so a connection that never sends
-a request, sends its head a byte at a time or stops short of its Content-Length held a worker's connection
-slot indefinitely (45 s in the issue 31 run, and counting). A connection must deliver a request's head within
-`CASE_ENV_HEAD_TIMEOUT_S` (10 s) of opening or of its last response, and its body within
-`CASE_ENV_BODY_TIMEOUT_S` (30 s) of the head; past either it gets `408 Request Timeout` (when a request had
-begun) and is closed. An idle keep-alive connection is closed by uvicorn after `timeout_keep_alive` (5 s).
-
-`case-env serve` (and `case-env bench server` for the engines that run case-env's app) pass this class to
-uvicorn as its `http` protocol.
+uvicorn also lets a client hold a connection as long as it likes before or inside a request. Here a
+request's head must arrive within `CASE_ENV_HEAD_TIMEOUT_S` (10 s) of opening or of the last response, its
+body within `CASE_ENV_BODY_TIMEOUT_S` (30 s) of the head; past either the client gets `408` and is closed.
+`case-env serve` and the bench's case-env engines pass this class to uvicorn as its `http` protocol.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ to shared files and /metrics aggregates them.
 Calls are tallied in plain dictionaries and written to the Prometheus values in one batch (`publish`), by
 the server's quarter-second tick and before every scrape: each write to a value takes a lock and, with
 several workers, a store into a memory-mapped file, and the two or three of them per call cost 4 % of a
-cheap call (issue 19 profile). A scrape of the worker that answers it is exact; another worker's last
+cheap call (py-spy profile). A scrape of the worker that answers it is exact; another worker's last
 quarter second shows at its next tick.
 """
 

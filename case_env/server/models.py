@@ -51,7 +51,7 @@ class ToolCallRequest(BaseModel):
     def _bounded_text(cls, value: Any, info: ValidationInfo) -> Any:
         """Arguments and context nest at most MAX_DEPTH levels and hold at most MAX_NODES values: a call that
         nested 300 levels once passed here and then failed the episode log's serialiser, losing the other
-        episodes' calls of that flush (issue 31). JSON may also spell a lone surrogate (\\ud800) that no
+        episodes' calls of that flush. JSON may also spell a lone surrogate (\\ud800) that no
         UTF-8 text can hold; refuse it here, before it reaches a tool, the audit log or the response encoder.
         pydantic's own JSON parser refuses one already (the fast path's `model_validate_json`); `json.loads`,
         which FastAPI's route uses, does not."""

@@ -55,13 +55,13 @@ class ServerSettings(ScoreSettings):
         default_factory=lambda data: max(1, (os.cpu_count() or 1) // data["workers"]),
         ge=1,
         description="Threads per worker that load, render and encode images; default: cores / workers. More "
-        "threads than that hold the GIL against the event loop and slow text tools down (issue 6 figures).",
+        "threads than that hold the GIL against the event loop and slow text tools down (docs/performance.md).",
     )
     loop_renders: bool | None = Field(
         None,
         description="Render a warm case on the event loop instead of a render thread (tools that declare "
         "resident=True; a case not yet in memory still goes to the pool). Default: when a worker has one render "
-        "thread, whose hand-off cost a fifth of a render's CPU and bought no parallelism (issue 19).",
+        "thread, whose hand-off cost a fifth of a render's CPU and bought no parallelism.",
     )
     text_threads: int = Field(
         2, ge=1, description="Threads for text tools, so they never wait behind renders."
@@ -110,7 +110,7 @@ class ServerSettings(ScoreSettings):
         False,
         description="FastAPI's own OpenTelemetry spans, metrics and logs per request (needs a configured "
         "OpenTelemetry SDK). Off by default: the per-request check for configured providers alone cost a tenth "
-        "of a cheap call's CPU (issue 19 profile), and /metrics already counts every call.",
+        "of a cheap call's CPU (py-spy profile), and /metrics already counts every call.",
     )
 
     @field_validator("protocols")

@@ -91,7 +91,7 @@ class ServerState:
     def note_gauges(self) -> None:
         """Refresh the in-flight and cache-bytes gauges. The server's tick does this every quarter second
         and /metrics before it answers: a scrape every few seconds cannot tell, and writing the shared
-        metric files on every call cost more than the rest of a cheap call's bookkeeping (issue 19 profile)."""
+        metric files on every call cost more than the rest of a cheap call's bookkeeping (py-spy profile)."""
         self.metrics.in_flight.set(self.admission.active)
         self.metrics.cache_bytes.set(self.memory_bytes())
         self.metrics.note_models(endpoint_stats())

@@ -1,4 +1,6 @@
-"""The GRPO run's options and verl config (`case_env.verl.grpo` starts it; scripts/train_grpo.sh).
+"""GRPO with multi-turn tools on verl 0.9.1 against a case-env server: the run's options and verl config.
+
+`case_env.verl.grpo` starts the run (scripts/train_grpo.sh, `case-env train run`).
 
 Every override below composes against verl 0.9.1's `ppo_trainer` config (docs/sources.md, verl 0.9.1):
 `actor_rollout_ref.rollout.multi_turn.*` for tools, `agent.default_agent_loop=tool_agent`, the reward under
@@ -75,6 +77,19 @@ TEACHER_GPUS = 2
 def parse(argv: list[str], prog: str = "scripts/train_grpo.sh") -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     known = recipes()
+    _where_options(parser)
+    _recipe_options(parser, known)
+    _reward_options(parser)
+    _opsd_options(parser, known)
+    if prog.endswith("preflight"):  # the checks alone: nothing to skip, nothing started to dry-run
+        parser.set_defaults(skip_preflight=False, dry_run=False, print_config=False)
+    else:
+        _start_options(parser)
+    return _finish(parser, known, argv)
+
+
+def _where_options(parser: argparse.ArgumentParser) -> None:
+    """The model, the bank, the server and the cluster."""
     parser.add_argument(
         "--model", required=True, help="Model path or Hugging Face id (a VL model: tools return images)."
     )
@@ -106,6 +121,10 @@ def parse(argv: list[str], prog: str = "scripts/train_grpo.sh") -> tuple[argpars
     parser.add_argument(
         "--batch-size", type=int, default=64, help="Prompts per step (data.train_batch_size)."
     )
+
+
+def _recipe_options(parser: argparse.ArgumentParser, known: dict[str, Recipe]) -> None:
+    """The recipe and what may override its defaults: group, epochs, engine, tools, template, checkpoints."""
     parser.add_argument(
         "--recipe",
         default="grpo",
@@ -162,6 +181,10 @@ def parse(argv: list[str], prog: str = "scripts/train_grpo.sh") -> tuple[argpars
     parser.add_argument(
         "--experiment", default=None, help="trainer.experiment_name (default: case-env-<recipe>)."
     )
+
+
+def _reward_options(parser: argparse.ArgumentParser) -> None:
+    """verl's reward manager and the judge's limits."""
     parser.add_argument(
         "--reward-manager",
         default="auto",
@@ -188,6 +211,10 @@ def parse(argv: list[str], prog: str = "scripts/train_grpo.sh") -> tuple[argpars
         default=None,
         help="Judge tokens per minute (rate_limited; default: no limit).",
     )
+
+
+def _opsd_options(parser: argparse.ArgumentParser, known: dict[str, Recipe]) -> None:
+    """On-policy self-distillation."""
     parser.add_argument(
         "--opsd",
         action=argparse.BooleanOptionalAction,
@@ -208,9 +235,10 @@ def parse(argv: list[str], prog: str = "scripts/train_grpo.sh") -> tuple[argpars
         default=TEACHER_GPUS,
         help=f"GPUs per node serving the OPSD teacher, taken from --gpus (default {TEACHER_GPUS}).",
     )
-    if prog.endswith("preflight"):  # the checks alone: nothing to skip, nothing started to dry-run
-        parser.set_defaults(skip_preflight=False, dry_run=False, print_config=False)
-        return _finish(parser, known, argv)
+
+
+def _start_options(parser: argparse.ArgumentParser) -> None:
+    """What `train run` and train_grpo.sh add to the preflight's options: skipping it, or a dry run."""
     parser.add_argument(
         "--skip-preflight", action="store_true", help="Start the run without `case-env train preflight`."
     )
@@ -225,7 +253,6 @@ def parse(argv: list[str], prog: str = "scripts/train_grpo.sh") -> tuple[argpars
         action="store_true",
         help="With --dry-run: also print the whole composed config (about a thousand lines of YAML).",
     )
-    return _finish(parser, known, argv)
 
 
 def _finish(

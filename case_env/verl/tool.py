@@ -1,26 +1,16 @@
 """CaseTool: the verl `BaseTool` that calls a case-env server over HTTP, one class for every tool of every
-environment.
+environment, shaped by what verl 0.9.1 does (docs/architecture.md, "verl's limits"):
 
-What verl 0.9.1 does and does not do shapes this class (docs/architecture.md, "verl's limits"):
-- create/execute/release run once per tool call; `create_kwargs` arrive nested. The case comes from the
-  dataset row's `create_kwargs.patient_id`, never from the model; the episode id is `agent_data.request_id`,
-  stable for the whole trajectory, except under `rollout.full_determinism`: there verl names every request
-  `det-{priority}` and its V1 worker passes no priority, so every trajectory is `det-0`, and the server, which
-  binds an episode to its first case, would refuse the rest with 403. Such an id gets a suffix drawn once
-  per trajectory and kept in `agent_data.extra_fields` (docs/sources.md, verl 0.9.1).
-- Tool objects are built once per AgentLoopWorker (and again on the driver by RLHFDataset), and shared by
-  every trajectory of that worker: construction does no I/O, and the HTTP client is created lazily inside
-  whichever event loop runs `execute`.
-- verl has no tool timeout and no retry: the shared client (`case_env.core.client`) owns both.
-- verl drops the metrics returned by `execute`; every executed call is also appended to
-  `agent_data.extra_fields["case_env_tool_calls"]` (`case_env.core.calls`), which verl merges into the
-  reward's `extra_info`: rewards that count calls read the calls that really ran.
-- verl raises on an image in a tool answer when the model has no processor (a text model): with `images`
-  false (the launcher sets `CASE_ENV_TOOL_IMAGES=false` for such a model) the image stays out of the answer,
-  whose text says so, and the episode goes on.
-- The server keeps no conversation state: when the tool's environment needs the episode's context (earlier
-  patient exchanges, earlier submissions, the row's noise or attempt budget), it is built from the row's
-  `create_kwargs` and the calls so far by `Environment.episode_context`, and sent with the call.
+- The case comes from the row's `create_kwargs.patient_id`, never from the model; the episode id is
+  `agent_data.request_id`, except under `rollout.full_determinism`, where verl names every trajectory
+  `det-0`: such an id gets a suffix drawn once per trajectory, kept in `agent_data.extra_fields`.
+- One tool object serves every trajectory of a worker: construction does no I/O, and the HTTP client is
+  made inside whichever loop runs `execute`. Timeouts and retries are the shared client's (`core.client`).
+- verl drops `execute`'s metrics, so every call is also appended to `extra_fields["case_env_tool_calls"]`,
+  which reaches the reward's `extra_info`: rewards count the calls that really ran.
+- For a model without a processor (`CASE_ENV_TOOL_IMAGES=false`), images stay out of the answer, which says
+  so. When the environment needs the episode's context, it is built from the row's `create_kwargs` and the
+  calls so far (`Environment.episode_context`) and sent with the call: the server keeps no conversation.
 """
 
 from __future__ import annotations

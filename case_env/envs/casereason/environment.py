@@ -99,7 +99,7 @@ class CaseReasonEnvironment(
         return {"attempts": int(create.get("attempts") or 1), "submissions": _submitted(calls)}
 
     # the attempt budget is spent on the server's own count: a client that sent no submissions each time
-    # had every attempt judged (issue 31)
+    # had every attempt judged
     def held_context(self, sent: BaseModel, calls: Sequence[ExecutedCall]) -> BaseModel:
         assert isinstance(sent, ReasoningEpisode)
         return sent.model_copy(update={"submissions": _submitted(calls)})

@@ -166,9 +166,6 @@ class NoisePlan:
     patient: list[PatientNoise] = field(default_factory=list)
     exams: dict[int, str] = field(default_factory=dict)  # recorded-exam slot → exam noise type
 
-    def of_unit(self, unit: int) -> list[PatientNoise]:
-        return [n for n in self.patient if n.unit == unit]
-
     def at_turn(self, turn: int) -> list[PatientNoise]:
         return [n for n in self.patient if n.turn == turn]
 

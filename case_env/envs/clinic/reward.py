@@ -1,28 +1,20 @@
 """The clinic reward: a pure function of (trajectory text, ground truth, extra_info), components apart. Two
 profiles, chosen per bank (`extra_info.clinic.reward.profile`):
 
-- **`medexagent`** (the default) is MedExAgent's RL reward as published (`train/rl/reward.py`,
-  `config/rl_config.yaml`; docs/sources.md, MedExAgent):
-  `score = 1.0 · dx + 0.5 · tool_match − 0.1 · cost − 0.0 · format`, with ToolRL's tool score, the cost of
-  exams outside the work-up by name, and the format penalty (`medexagent_reward`). Every exam the model
-  called counts as it called it, refused or not, as MedExAgent's executor records every call: the calls that
-  reached the server (verl's `tool_extra_fields`), and the calls that never did (verl refuses a tool the row
-  does not offer and runs one call per turn), read from the model's own text. Without recorded calls, every
-  call is read from the text.
-- **`strict`** is the rule this project used before: an exam counts only if it ran; exam appropriateness
-  gives an exact exam 1 and the right exam with other parameters 0.5, over the union of both lists; every
-  exam is charged (cost + discomfort) / 6, an exam of the work-up discounted by 75 % the first time only. It
-  exists because under MedExAgent's rule a work-up exam is free however often its name is repeated with
-  other parameters, and an exam outside the work-up costs at most 0.1 reward: strict makes every order cost
-  something and wrong parameters earn half.
+- **`medexagent`** (the default): MedExAgent's RL reward as published (`train/rl/reward.py`,
+  `config/rl_config.yaml`; docs/sources.md, MedExAgent), `score = 1.0 · dx + 0.5 · tool_match − 0.1 · cost −
+  0.0 · format` (`medexagent_reward`). Every exam the model called counts as called, refused or not, as its
+  executor records them: the calls that reached the server (verl's `tool_extra_fields`) and those read from
+  the model's text that never did (a tool the row does not offer; a second call in a turn).
+- **`strict`** (ours): an exam counts only if it ran, wrong parameters earn half, and every order costs
+  (cost + discomfort) / 6, a work-up exam discounted 75 % the first time: under MedExAgent's rule a work-up
+  exam is free however often it is repeated, and any other costs at most 0.1.
 
-The diagnosis is the first `[DIAGNOSIS: ...]` (MedExAgent's tag) after the last tool response, else the last
-`<answer>...</answer>` there, so a tool output can never answer and a `[DIAGNOSIS:]` always decides. Its
-score is the Jaccard of matched conditions: from MedExAgent's judge prompt and reply format when a judge
-endpoint is configured (`CASE_ENV_JUDGE_URL`; temperature `judge_temperature`, MedExAgent's 0.7, a fresh sample
-for every rollout as MedExAgent asks it, or one cached sample with `judge_cache`), else from
-the deterministic matcher (`case_env.medicine.diagnosis`). `acc` is strict accuracy (every ground-truth
-condition matched), `acc_lenient` at least one, as MedExAgent's evaluation reports them.
+The diagnosis is the first `[DIAGNOSIS: ...]` after the last tool response, else the last `<answer>` there,
+so no tool output can answer. Its score is the Jaccard of matched conditions, by MedExAgent's judge prompt
+when `CASE_ENV_JUDGE_URL` is set (at its temperature 0.7, sampled anew per rollout unless `judge_cache`), else
+by the deterministic matcher (`case_env.medicine.diagnosis`). `acc` is strict accuracy (every condition
+matched), `acc_lenient` at least one, as MedExAgent's evaluation reports them.
 """
 
 from __future__ import annotations

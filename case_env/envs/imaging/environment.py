@@ -365,7 +365,7 @@ class ImagingEnvironment(
 @functools.cache
 def _context_class() -> type:
     """ImagingContext, imported on first use (it pulls in the renderer) and once: an import statement in
-    `tool_context` cost 2 % of a cheap call (issue 19 profile)."""
+    `tool_context` cost 2 % of a cheap call (py-spy profile)."""
     from case_env.envs.imaging.context import ImagingContext
 
     return ImagingContext

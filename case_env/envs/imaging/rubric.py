@@ -1,30 +1,11 @@
 """CASE's rubric-judge reward (RLAIF): is the final reasoning grounded in the evidence the tools returned?
 
-CASE trains with "rubric-based LLM feedback" on evidence-to-conclusion reasoning "without prescribing tool
-sequences" (docs/sources.md, CASE); its rubric is not published, so the items are ours, built per row from
-what the row already knows: `teacher_insight` holds the values behind the answer (numbers with units),
-`evidence` names the visits they belong to. Each item is 0 or 1:
-
-- `values`: the reasoning cites a value behind the answer that a tool returned in this episode, and none made
-  up (as `grounded` defines it);
-- `visits`: for a question about both visits, the reasoning names both, and the tools returned both;
-- `grounded`: the reasoning cites what a tool returned (a value, or four words of its text running on, as a
-  report's impression) and no value that no tool returned, the question stated, or follows from two returned
-  values (their difference, or their relative difference in percent);
-- `follows`: the answer is right, the evidence behind it came back (its values, or for a question without
-  values something the reasoning cites from the tools), and nothing cited was made up.
-
-`values` without values in the insight and `visits` for a one-visit question are not applicable: 0 in their
-keys and left out of `rubric`, the mean of the applicable items (`rubric_applicable` counts them). No item
-asks for a tool or an order of calls: a value counts wherever in the episode a tool returned it.
-
-The judge (the shared OpenAI-compatible client, `CASE_ENV_JUDGE_URL`) grades the applicable items when the
-rubric is weighted (`CASE_ENV_IMAGING_RUBRIC_WEIGHT` > 0); otherwise, and whenever it fails or answers out
-of form, the rules below grade them (`rubric_by` says which). What the rules can verify bounds the judge:
-`values`, `grounded` and `follows` are 1 only when the rules also find the values in a tool's output (and the
-answer right), so no judge can be talked into crediting a number no tool returned; the judge may still
-refuse them (a value cited for the wrong organ, say), and grades `visits` alone. A trajectory holding more
-tool responses than the episode ran calls (the model wrote one itself) gets 0 on all three.
+CASE's rubric is not published (docs/sources.md, CASE), so the four items are ours, built per row from its
+`teacher_insight` (the values behind the answer) and `evidence` (their visits): `values`, `visits`,
+`grounded`, `follows`, each 0 or 1, `rubric` the mean of those that apply. None asks for a tool or an order
+of calls. The judge grades them when the rubric is weighted, the rules below otherwise or when it fails; the
+rules bound the judge, so no judge can credit a number no tool returned. docs/training.md ("Rubric judge")
+defines each item and gives the measured figures.
 """
 
 from __future__ import annotations

@@ -223,7 +223,7 @@ def answer_json(outcome: Outcome, tool: str, episode_id: str, latency_ms: float)
     """The `ToolCallResponse` of an outcome as JSON bytes. Its fields go to pydantic-core's serialiser as a
     dict in the model's field order, which gives the bytes of the model's own `model_dump_json`
     (`tests/test_server_api.py` checks it) in a fifth of the time: `model_construct` alone cost 3 % of a
-    cheap call (issue 19 profile)."""
+    cheap call (py-spy profile)."""
     body = pydantic_core.to_json(answer_fields(outcome, tool, episode_id, latency_ms))
     return _with_images(body, outcome.encoded) if outcome.encoded else body
 
@@ -234,7 +234,7 @@ _EMPTY_IMAGE = b'"data_b64":""'
 def _with_images(body: bytes, encoded: tuple[bytes, ...]) -> bytes:
     """The answer's JSON with each image's base64 in the place of its empty `data_b64`. Base64 needs no
     JSON escaping, so this is the JSON the serialiser gives for the whole text, without it scanning 30 KB
-    of base64 for characters to escape (3 % of a render, issue 19 profile). The empty field cannot occur
+    of base64 for characters to escape (3 % of a render, py-spy profile). The empty field cannot occur
     elsewhere: inside a JSON string every quote is escaped."""
     parts = body.split(_EMPTY_IMAGE)
     if len(parts) != len(encoded) + 1:

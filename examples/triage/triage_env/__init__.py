@@ -12,20 +12,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from case_env.core.answers import final_segment, last_answer
-from case_env.core.bank import BankRow, ExtraInfo, rows_by_split
-from case_env.core.environment import Environment, Score
+from case_env.core.bank import BankRow, ExtraInfo
+from case_env.core.environment import Score
 from case_env.core.frozen import FrozenDraw
-from case_env.core.parts import (
-    BankBuild,
-    Banks,
-    Baselines,
-    Synthesis,
-    SynthOptions,
-    TextBankOptions,
-)
+from case_env.core.parts import Baselines, Synthesis, SynthOptions
 from case_env.core.personas import Personas
 from case_env.core.policy import Turn
-from case_env.core.text_cases import CaseTable, Loaded, TextCases, load_text_cases, served_cases
+from case_env.core.text_cases import Loaded, TextCaseEnvironment
 from case_env.core.tools import Tools, schema_version
 
 FLAGS = {"heart_rate": (40, 130), "resp_rate": (8, 24), "spo2": (92, 101), "systolic": (90, 250)}
@@ -71,18 +64,14 @@ class Nurse:
         return Turn(f"<answer>{patient.level}</answer>")
 
 
-class TriageEnvironment(Environment, TextCases, Banks, Synthesis, Baselines):
+class TriageEnvironment(TextCaseEnvironment, Synthesis, Baselines):
     name = "triage"
     title = "triage"
     summary = "Example: decide urgent or routine from vital signs (one tool, one persona)."
     tools = Tools("triage_env.tools")
     personas = Personas("triage_env.personas")
-    bank_options = TextBankOptions
     baselines = ("nurse",)
     loop_agent = "nurse"
-
-    def open_cases(self, data) -> CaseTable:
-        return served_cases(self, data.data_root)
 
     def load_cases(self, paths: list[Path]) -> Loaded:
         files = [f for p in paths for f in sorted(p.glob("*.jsonl"))]
@@ -96,26 +85,21 @@ class TriageEnvironment(Environment, TextCases, Banks, Synthesis, Baselines):
         )
         echo(f"wrote {options.patients} triage cases to {path}")
 
-    def build_bank(self, options: TextBankOptions) -> BankBuild:
-        paths, loaded = load_text_cases(self, options)
-        persona = self.personas["nurse"]
-
-        def row(case: Patient, index: int, split: str) -> BankRow:
-            extra = ExtraInfo.for_case(
-                persona,
-                case.case_id,
-                index,
-                split,
-                self.tools,
-                schema_version(self.tools),
-                question="Urgent or routine?",
-                ground_truth=case.level,
-            )
-            user = "A patient has arrived. Urgent or routine?"
-            return BankRow.chat(persona.data_source, persona.system_prompt, user, "triage", extra)
-
-        result = rows_by_split(loaded.cases, options.split, options.seed, row)
-        return BankBuild(result, {"cases": [str(p) for p in paths]}, [f"{len(loaded.cases)} cases"])
+    def case_row(self, case: Patient, index: int, split: str) -> BankRow:
+        nurse = self.personas["nurse"]
+        version = schema_version(self.tools)
+        extra = ExtraInfo.for_case(
+            nurse,
+            case.case_id,
+            index,
+            split,
+            self.tools,
+            version,
+            question="Urgent or routine?",
+            ground_truth=case.level,
+        )
+        user = "A patient has arrived. Urgent or routine?"
+        return BankRow.chat(nurse.data_source, nurse.system_prompt, user, "triage", extra)
 
     def score(self, solution_str: str, ground_truth: str, extra_info: dict | None) -> Score:
         answer = (last_answer(final_segment(solution_str)) or "").strip().lower()

@@ -154,15 +154,6 @@ def compare_spots(left: np.ndarray, right: np.ndarray, organ: np.ndarray, darker
     return verdict
 
 
-def _grow_once(mask: np.ndarray) -> np.ndarray:
-    grown = mask.copy()
-    grown[1:] |= mask[:-1]
-    grown[:-1] |= mask[1:]
-    grown[:, 1:] |= mask[:, :-1]
-    grown[:, :-1] |= mask[:, 1:]
-    return grown
-
-
 def mask_for_half(overlay_image, organ: str, half_shape: tuple[int, int]) -> np.ndarray:
     """The organ mask of a full-size overlay render, scaled to one half of a comparison panel."""
     mask = organ_mask(overlay_image, organ, shrink=2)

@@ -5,7 +5,7 @@
 Plays the render mix of `case-env bench server` (random visit, sequence, plane and position, a third with
 the organ overlay) straight through the tool, with no server around it, and reports the CPU per render of:
 the tool as shipped; the tool with zlib instead of ISA-L, then also with Pillow's resize instead of OpenCV's (the
-pipeline before issue 19's changes to those two steps); the floor, which is deflating the same filtered
+pipeline before the fast paths of those two steps); the floor, which is deflating the same filtered
 rows and nothing else; and what the server's hand-off to its render thread costs by itself (an event loop
 submitting a job that sleeps 1 ms to a one-thread pool and awaiting it, CPU of the whole process per hop:
 on a VM, waking a thread that went idle is far from free). Figures are the least of `--repeats` passes

@@ -64,8 +64,8 @@ BENCH_PATIENTS = 48  # the default dataset: enough patients that the response ca
 PROBE_EPISODES = 2  # episodes of the unloaded single-rollout probe after each load
 PROBE_LIMIT_S = 120.0
 
-# issue 6: 256 concurrent rollouts on this 2-core machine; issue 19: the cheap call within 2x the floor's
-# server CPU, 1,500 calls/s with the response cache off
+# 256 concurrent rollouts on a 2-core machine; the cheap call within 2x the floor's server CPU, 1,500
+# calls/s with the response cache off
 TARGETS = {
     "calls_per_s": 600.0,
     "render_p99_ms": 250.0,
@@ -188,7 +188,7 @@ def run_engine(bench: Bench, setup: Setup, record: Path | None = None) -> dict:
 def run_paired(bench: Bench, setups: list[Setup], rounds: int = 4) -> dict[str, dict]:
     """Several engines under the same load in turns: every server up at once, each measured for a share of
     the duration in each round, the order rotated from round to round. This machine's speed drifts by tens
-    of percent within a minute (issue 19: the same case-env cheap call cost 0.183 and 0.235 ms in runs a
+    of percent within a minute (the same case-env cheap call cost 0.183 and 0.235 ms in runs a
     minute apart, the floor's run between them), so a ratio of runs made one after the other measured the
     drift as much as the engines; in turns, each engine sees the same spread of the machine's states. Server
     CPU is read from the process tree before and after each turn; latency percentiles are the median of
@@ -495,7 +495,7 @@ def run_server_bench(
         cheap = [Setup("case-env", "cheap"), Setup("case-env", "cheap", False)]
         runs.update(run_paired(bench, cheap + [Setup(b, "cheap") for b in baselines]))
         # the render mix in turns as well: run one after the other, the ratio of case-env's render to the
-        # same render code behind OpenEnv's step ranged 0.59-0.93 over three runs of one commit (issue 19)
+        # same render code behind OpenEnv's step ranged 0.59-0.93 over three runs of one commit
         render = [Setup("case-env", "render", False)]
         if "openenv" in baselines:  # the same render code behind OpenEnv's step
             render.append(Setup("openenv", "render"))

@@ -3,7 +3,7 @@
 A display window is a pass over both visits' volumes of a channel, an organ's extent a pass over a label
 map: milliseconds each, but each worker of each server start used to pay them again for every patient it
 met. On a freshly started 2-worker server serving 48 patients they were a fifth of its CPU for the first
-seconds (issue 19 profile). Stored here once, every worker and every later start reads them instead.
+seconds (py-spy profile). Stored here once, every worker and every later start reads them instead.
 
 Facts are named by a digest of their kind and key; keys hold the source files' (path, mtime, size), so a
 replaced file gets new facts, and `FORMAT`, bumped when a computation changes. Files are written to a

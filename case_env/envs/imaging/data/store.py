@@ -79,7 +79,7 @@ class PatientStore:
         if self.settings.decoded_bytes == 0:
             # each volume is decoded into this process's memory and again after each eviction: keep those
             # buffers off the heap (`bench data`). With the shared decoded files (the default) a volume is a
-            # mapped file, the tuning buys nothing, and it cost 3.5 % of a render's server CPU (issue 32).
+            # mapped file, the tuning buys nothing, and it cost 3.5 % of a render's server CPU.
             release_freed_memory_promptly()
         if root is not None:
             self.settings = self.settings.model_copy(update={"data_root": Path(root)})
@@ -150,7 +150,7 @@ class PatientStore:
                     except DataError:
                         keys.append(None)  # missing now: the tool that needs it says so, uncached
         # one digest, not the keys themselves: the response cache hashes and compares it on every call, and a
-        # tuple of some thirty stat keys cost 6 % of a warm call (issue 19 profile)
+        # tuple of some thirty stat keys cost 6 % of a warm call (py-spy profile)
         fingerprint = (hashlib.blake2b(repr(keys).encode(), digest_size=16).digest(),)
         self._fingerprints[patient_id] = (now + self.settings.stat_ttl_s, fingerprint)
         return fingerprint

@@ -1,24 +1,13 @@
 """Turning a slice of a decoded volume into a PNG a vision-language model can read.
 
-Pure functions, no I/O, so the tool handlers and the benchmarks share them. The pipeline follows
-docs/sources.md, Rendering: native slice -> volume-level window (shared by both visits) -> uint8
--> bilinear resize to isotropic millimetres -> 1-pixel label contours drawn after resizing -> PNG with
-the Up filter on every row, deflated at level 1. Pillow's own encoder spends most of its time choosing a filter
-per row; a fixed Up filter done in numpy encodes the same pixels 2 to 2.5 times faster and, on MRI slices,
-no larger (`case-env bench server` profiles in the issue 6 closing note). The deflate itself is Intel's
-ISA-L (`isal`), about 4 times faster than zlib's level 1 on these rows and a few percent smaller (0.35 vs
-1.38 ms and 23.3 vs 24.2 KB per slice of the bench data, `case-env bench render`); the stream is standard
-zlib, so any PNG decoder reads the same pixels. Where no isal wheel exists, zlib does the same job.
-
-The bilinear resize is OpenCV's bit-exact one (`INTER_LINEAR_EXACT`: the same integers on every CPU, so
-an image and its digest never depend on the machine), 5 times faster than Pillow's on these slices
-(0.17 vs 0.92 ms for 224x174 -> 448x348). Both weigh the same two neighbours with half-pixel centres and
-replicate the border; they round differently, so a grey level can differ by one from what Pillow gave
-before issue 19, never by more (`tests/test_render_fast_paths.py` checks this on every plane).
-
-From the resize to the encoder an image is a numpy array (`Raster`), never a Pillow image: each round trip
-copied the pixels, and drawing the letters through Pillow cost more than the resize. Pillow still renders
-each glyph once (its FreeType coverage) and the blend is its formula, so letters are the same pixels.
+Pure functions, no I/O, shared by the tool handlers and the benchmarks. The pipeline (docs/sources.md,
+Rendering): native slice -> volume-level window (shared by both visits) -> uint8 -> bilinear resize to
+isotropic millimetres -> 1-pixel label contours drawn after resizing -> PNG, the Up filter on every row,
+deflated at level 1 by ISA-L (`isal`; zlib where no wheel exists), a standard zlib stream. The resize is
+OpenCV's bit-exact `INTER_LINEAR_EXACT`, the same integers on every CPU, within one grey level of Pillow's
+(`tests/test_render_fast_paths.py`). Between resize and encoder an image stays a numpy array (`Raster`);
+Pillow still renders each glyph, so letters are the same pixels. What each choice saves is in
+docs/performance.md ("Rendering").
 
 Display follows the radiological convention on RAS+ arrays: axial and coronal images put the patient's
 right on the viewer's left; sagittal images put anterior on the left; superior or anterior is up.
@@ -108,7 +97,7 @@ def to_uint8(values: np.ndarray, window: Window) -> np.ndarray:
     """Window to 0-255, truncating: (value - low) * 255 / (high - low) in float32, clipped. Integer voxels of
     one or two bytes (MRI is stored as int16 or uint16) go through a table of that formula over every
     possible value, built once per window: one gather instead of five passes over a strided slice, 2 to 2.4
-    times faster and the same bytes (issue 19; `tests/test_render_fast_paths.py`)."""
+    times faster and the same bytes (`tests/test_render_fast_paths.py`)."""
     if values.dtype.kind in "iu" and values.dtype.itemsize <= 2 and values.dtype.isnative:
         unsigned = values.view(f"u{values.dtype.itemsize}")  # the same bits, so valid table indices
         return np.take(_window_table(window, values.dtype.str), unsigned)
@@ -175,7 +164,7 @@ def contour_mask(labels: np.ndarray) -> np.ndarray:
 class Raster:
     """A rendered image as the PNG encoder takes it: grey levels, or palette indices with their palette of
     256 RGB entries. Images stay numpy arrays from the resize to the encoder: each Pillow round trip copied
-    the pixels (issue 19)."""
+    the pixels."""
 
     pixels: np.ndarray
     palette: bytes | None = None
@@ -245,7 +234,7 @@ def _free_levels(
     # first with both neighbours kept, so each moved pixel moves one level; then, only with more outline
     # colours than half the levels, any of the rest (their pixels take the nearest kept level). The bench
     # data take this path in a third of the overlays (a window's clipping fills the range): stopping once
-    # `count` levels are found halved its time (issue 19)
+    # `count` levels are found halved its time
     for spaced in (True, False):
         for level in rarest:
             if len(freed) == count:
