@@ -1,4 +1,4 @@
-"""File names of the BIDS-like data layout (docs/architecture.md, "Data layout").
+"""File names of the BIDS-like data layout (docs/data.md, "Data layout").
 
 The generator writes exactly these names; the reader (`index.py`) accepts these and the real-data variants
 users bring (`.nii`, UK Biobank channel suffixes, missing optional files).

@@ -16,7 +16,7 @@ in DICOM's LPS patient coordinates. `stitch` puts the stations of one channel on
 
 On identical overlapping data (the synthetic zips) blending returns the same values, so a volume split
 into stations and stitched again is reproduced exactly; a resampled station is within linear
-interpolation of its neighbours' slices (docs/architecture.md, "Real data").
+interpolation of its neighbours' slices (docs/data.md, "How the modules fit").
 """
 
 from __future__ import annotations
