@@ -1,18 +1,13 @@
 """The load generator of the server benchmarks, run as its own process so its CPU is not the server's.
 
-Each virtual rollout plays one episode after another over a random case with a fresh episode id, as a verl
-rollout does. What an episode calls is a mix of the environment's (`Benchmarks.bench_mixes`: a function of a
-seeded random generator giving one episode's calls, with drawn arguments). With
-`--group-size G`, rollouts come in groups of G that share the case and every drawn argument, as G samples
-of one GRPO prompt would if they agreed on every call (real groups diverge, so the truth lies between group
-size 1 and G). All rollouts run concurrently on one event loop, each over its own keep-alive connection
-(`case_env.bench.client`, a fraction of aiohttp's CPU per call), so the generator stays light on a machine
-it shares with the server; it reports the CPU it used per call beside the figures. Latencies are wall time
-per call as the client sees it, queueing included.
-
-`--protocol` chooses the way in (`case_env.bench.doors`): the tool API, the OpenEnv baseline's `POST /step`,
-or case-env's OpenEnv and MCP doors, so the same load drives each. `--record DIR` keeps the first successful answer of each tool, the
-bytes the floor baseline replays.
+Each virtual rollout plays episodes one after another over a random case with a fresh episode id, as a verl
+rollout does, an episode's calls drawn from one of the environment's mixes (`Benchmarks.bench_mixes`). With
+`--group-size G`, groups of G rollouts share the case and every drawn argument, as the samples of one GRPO
+prompt would if they agreed on every call. All rollouts share one event loop, each on its own keep-alive
+connection (`case_env.bench.client`), and the generator reports its own CPU per call. Latencies are wall time
+per call as the client sees it, queueing included. `--protocol` chooses the way in (`bench.doors`: the tool
+API, OpenEnv's `POST /step`, case-env's OpenEnv and MCP doors); `--record DIR` keeps each tool's first answer,
+the bytes the floor baseline replays.
 
     python -m case_env.bench.load URL CASES_FILE OUT_JSON --env ENV --mix MIX --rollouts N --duration S
 """

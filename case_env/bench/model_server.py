@@ -1,20 +1,14 @@
 """`case-env bench server --env NAME` for an environment whose tools and reward wait on a language model.
 
 A training step of 64 prompts x 16 samples holds 1,024 episodes at once, each waiting on a simulated patient
-or a judge between its calls. This benchmark plays that against the real server (`case-env serve`, its own
-process group, loopback) with the model replaced by a loopback stand-in (`case_env.bench.standin`) answering
-after a fixed latency, failing a chosen share of requests:
-
-- **calls**: `--rollouts` (1,024) concurrent rollouts play the environment's `episode` mix through the shared
-  load generator, once per model latency (`--model-latency-ms`, 0/300/2000): calls/s, p50/p99 per tool, errors,
-  and the model's fallbacks (`case_env_model_fallbacks_total` of the server's /metrics);
-- **burst**: 1,024 episodes ask the model at the same moment, the model answering in 1 s: the time until the
-  last answer against the bound ceil(1,024 / requests the server lets in flight) x 1 s;
-- **rewards**: a batch of `--rewards` (1,024) rows scored by the coroutine reward verl awaits, with the judge at
-  `--judge-latency-ms` (500), as many at once as the launcher lets verl's rate-limited manager run: the time
-  against the bound one thread asking one judge request at a time would give (requests x latency).
-
-Each figure is measured in the run that reports it; `--runs N` repeats the whole and reports every run.
+or a judge. This plays that against the real server with the model replaced by a loopback stand-in
+(`case_env.bench.standin`) answering after a fixed latency and failing a chosen share of requests:
+- **calls**: `--rollouts` concurrent rollouts of the `episode` mix, once per `--model-latency-ms`: calls/s,
+  p50/p99 per tool, errors and the model's fallbacks;
+- **burst**: 1,024 episodes ask the model at once, answered in 1 s: the time to the last answer against
+  ceil(1,024 / requests let in flight) x 1 s;
+- **rewards**: `--rewards` rows scored by the coroutine reward verl awaits, the judge at `--judge-latency-ms`:
+  the time against one request at a time (requests x latency). `--runs N` repeats the whole.
 """
 
 from __future__ import annotations

@@ -1,21 +1,13 @@
 """A real model behind any OpenAI-compatible chat server (vLLM, SGLang, a hosted API), as the policy of any
 environment's rows.
 
-The conversation starts from the row's prompt; the model sees only the row's tool subset (none, for a
-single-turn row). Tool text goes back as a `tool` message; every call of a turn is handed to the loop, which
-runs the first (verl's tool_agent) or all (a dialogue loop); a call it did not run is told so. In a dialogue,
-the reply to a turn of plain text comes back as a user message. Calls a model writes in its text (served
-without a tool parser) are read from it, and their results go back as one user turn of `<tool_response>`
-blocks, as such a model was trained to read them. Images go back as a user message with an image
-part right after it, because the chat format allows text only in tool messages and vLLM and the hosted APIs
-follow it. A tool call whose arguments are not valid JSON gets an error reply and the model may try again;
-the server is not called. The episode ends as the loop says (verl's tool_agent: at the first reply without a
-tool call), or when the turn budget (every completion requested, retries included) runs out.
-
-Reasoning models served with a reasoning parser (vLLM, SGLang) or by their vendors' APIs return their
-reasoning apart from the text, as `reasoning_content` (or `reasoning`). It is kept on the turn and in the
-stored messages, so the reward and reasoning recall read it as the model's `<think>` block; it is not sent
-back with the next request, as those APIs ask.
+The model sees the row's prompt and tool subset. Tool text goes back as a `tool` message, images as a user
+message right after it (the chat format allows only text in tool messages); the loop runs the first call of a
+turn (verl's tool_agent) or all (a dialogue), and a call not run is told so. Calls written in the text (a
+server without a tool parser) are read from it and answered as one user turn of `<tool_response>` blocks.
+Arguments that are not JSON get an error reply without calling the server. The episode ends as the loop
+says, or when the turn budget (every completion requested, retries included) runs out. A reasoning model's
+`reasoning_content` is kept as its `<think>` block for the reward and recall, and not sent back.
 """
 
 from __future__ import annotations

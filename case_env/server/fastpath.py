@@ -1,21 +1,12 @@
 """The fast path of `POST /v1/tools/{name}`: a well-formed, authorised tool call answered in front of
-FastAPI's middleware stack, routing, dependency solving and request objects, which together cost more CPU
-per cheap call than the call itself (docs/architecture.md, "The path of one tool call").
+FastAPI's middleware, routing and dependency solving, which cost more CPU per cheap call than the call itself.
 
-`ToolServer.__call__` (the app's ASGI entry) hands every tool call here first. The fast path takes a
-request only when everything the full stack would check holds: the path names a tool (64 characters at
-most), a Content-Length within the body limit (uvicorn delivers exactly that many bytes), a JSON content
-type, the bearer token when one is set, and a body that validates as `ToolCallRequest`. Then it answers
-with the same function as the route (`routes.tools.answer`: admission, scope, cache, deadline, metrics,
-audit, episode), so the answer is byte for byte the route's. Anything else (a bad token, a chunked or
-oversized body, a malformed one, another route, any call while FastAPI's telemetry is on) goes on to the
-full stack untouched, body included, which answers as it always has: refusals keep one implementation, and
-the route stays in /openapi.json as the documented contract. An unexpected failure answers the JSON 500
-the stack's handler gives, never a trace.
-
-Before either, every request's headers are bounded (`MAX_HEADERS`, `MAX_HEADER_BYTES`: 431) and a request
-with two `Authorization` headers is refused (400): readers that take the first and readers that take the
-last would otherwise disagree about who is calling.
+`ToolServer.__call__` (the app's ASGI entry) takes a request here only when everything the full stack would
+check holds (a tool's path, a Content-Length within the limit, JSON, the token, a valid `ToolCallRequest`),
+and answers with the route's own function (`routes.tools.answer`), so the bytes are the route's. Anything
+else goes on to the full stack untouched, body included: refusals keep one implementation and the route
+stays in /openapi.json. Before either, headers are bounded (431) and two `Authorization` headers refused
+(400), since readers taking the first and the last would disagree about who is calling.
 """
 
 from __future__ import annotations

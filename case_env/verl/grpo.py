@@ -14,34 +14,25 @@ import sys
 import httpx
 
 from case_env.server.control import Sizing, ensure_server, is_loopback, stop
-from case_env.verl.launch import (
-    Plan,
-    RunRefusedError,
-    bank_tool_config,
-    check_inputs,
-    concurrency,
-    forwarded_env,
-    parse,
-    token,
-    worker_url,
-)
+from case_env.verl import launch
+from case_env.verl.launch import Plan, RunRefusedError
 
 
 def prepare(argv: list[str], prog: str = "scripts/train_grpo.sh"):
     """Parse the options, check the inputs, choose the chat template and compose verl's config: the run as
     `case-env train preflight` checks it (a `Preflight` whose `config` is composed and validated)."""
-    args, extra = parse(argv, prog)
-    problems = check_inputs(args)
+    args, extra = launch.parse(argv, prog)
+    problems = launch.check_inputs(args)
     if problems:
         raise RunRefusedError(problems)
     if args.tool_config is None:
-        args.tool_config = bank_tool_config(args.data.resolve(), args.dry_run)
+        args.tool_config = launch.bank_tool_config(args.data.resolve(), args.dry_run)
     exposed = not is_loopback(httpx.URL(args.server_url).host) or not is_loopback(args.server_host)
-    if exposed and token(args) is None:
+    if exposed and launch.token(args) is None:
         raise RunRefusedError(["a server beyond loopback needs a token: set CASE_ENV_TOKEN or --token-file"])
     from case_env.verl.preflight import Preflight  # imports verl (seconds): after the arguments' checks
 
-    run = Preflight(Plan(args, extra, env_vars=forwarded_env(args, worker_url(args))))
+    run = Preflight(Plan(args, extra, env_vars=launch.forwarded_env(args, launch.worker_url(args))))
     try:
         run.compose()
     except RunRefusedError:
@@ -82,9 +73,9 @@ def main(argv: list[str] | None = None, preflight_only: bool = False) -> int:
         server = ensure_server(
             args.server_url,
             args.data_root,
-            Sizing.for_concurrency(concurrency(args)),
+            Sizing.for_concurrency(launch.concurrency(args)),
             args.server_host,
-            {"CASE_ENV_TOKEN": token(args)} if token(args) else None,
+            {"CASE_ENV_TOKEN": launch.token(args)} if launch.token(args) else None,
         )
         if not args.skip_preflight:
             run.check(live=True)

@@ -1,24 +1,18 @@
 """MedExAgent's agent loop on verl 0.9.1: the doctor talks to the patient in plain text.
 
-Written after MedExAgent's `MedicalAgentLoop` (`train/rl/agent_loop.py`, `_handle_generating_state`,
-`_handle_processing_tools_state`, `_handle_interacting_state`; docs/sources.md, MedExAgent), on verl's
-`ToolAgentLoop`, whose token building, masking and tool dispatch it keeps. verl 0.9.1 has no Interaction
-package, so the patient is the clinic server's `ask_patient` tool, called by the loop with the doctor's words
-(scope, noise and the episode log stay on the server, and the call is recorded for the reward like any other).
-Each assistant turn is read in MedExAgent's order:
-
-1. the response filled the token budget, or the turn was the `max_assistant_turns`-th: the episode ends;
-2. the decoded turn holds `[DIAGNOSIS: ...]`: the episode ends, tool calls or not;
-3. tool calls: every one of them runs, in order (MedExAgent runs all and counts more than one as a format
-   error, which the reward reads from the text), their results come back as tool messages in one user turn;
-4. plain text: said to the patient, whose reply comes back as a `user` message, unless `max_user_turns` user
-   turns (tool-result turns and replies alike) have passed, which MedExAgent checks only here; so exams go
-   on until the assistant-turn limit.
-
-A call of an exam the row does not offer is answered with MedExAgent's "The requested exam is not available."
-without reaching the server (`ToolAgent.execute`), and the reward still counts it, as MedExAgent's executor
-does. The exam list is in the system prompt (MedExAgent passes no tool schemas to the chat template), so by
-default no tool block is rendered; `render_tools: true` in the loop's config renders the row's schemas too.
+Written after MedExAgent's `MedicalAgentLoop` (`train/rl/agent_loop.py`; docs/sources.md, MedExAgent) on
+verl's `ToolAgentLoop`, whose token building, masking and tool dispatch it keeps. verl 0.9.1 has no
+Interaction, so the patient is the server's `ask_patient` tool, called with the doctor's words (scope, noise
+and the episode log stay on the server; the call is recorded for the reward). Each turn, in MedExAgent's order:
+1. a full token budget or the `max_assistant_turns`-th turn ends the episode;
+2. `[DIAGNOSIS: ...]` in the turn ends it, tool calls or not;
+3. tool calls all run, in order (more than one is a format error the reward reads from the text), their
+   results in one user turn;
+4. plain text goes to the patient, whose reply is a `user` message, unless `max_user_turns` user turns have
+   passed (checked only here, as MedExAgent does).
+An exam the row does not offer gets MedExAgent's "The requested exam is not available." without reaching the
+server, and still counts for the reward. No tool block is rendered (the exams are in the system prompt, as
+MedExAgent passes no schemas) unless the loop's config sets `render_tools: true`.
 """
 
 from __future__ import annotations

@@ -1,25 +1,17 @@
 """`case-env bank build --env clinic`: one verl row per clinic case, split by case, in the CASE conventions.
 
-Rows follow the common schema (`case_env.core.bank`: `agent_name` tool_agent, every clinic tool in
-`tools_kwargs`), with what the clinic adds:
-
-- `tool_selection`: `ask_patient` and the exams the case is offered, as MedExAgent's RL dataset offers them
-  (`select_tools_for_case`): the work-up's tools (each name once, never `other`) plus `distractors` other
-  exam tools, shuffled; drawn from (seed, case id), or kept from a MedExAgent parquet row. With
-  `--interface order_exam`, `ask_patient` and `order_exam` instead.
-- the prompt and the loop, by `patient`:
-  - `dialogue` (the default, MedExAgent's): its RL doctor prompt as published (`train/rl/dataset.py`
-    `build_doctor_system_prompt_rl`: a system message only, demographics as "Age:/Gender:/Race/Ethnicity:"
-    lines, the offered exams with their allowed values, the tool-call format with its CT example, the
-    consultation structure and the INSTRUCTIONS block), played by MedExAgent's loop (`agent_name`
-    `medexagent`, `case_env.envs.clinic.agent_loop`): the doctor talks to the patient in plain text;
-  - `ask_patient`: verl's stock `tool_agent`, where a reply without a tool call ends the episode, so the
-    patient is a tool (`ask_patient`) and the prompt says so; a system and a user message, one answer format
-    (`[DIAGNOSIS: ...]`).
+Besides the common schema (`case_env.core.bank`), a row holds:
+- `tool_selection`: `ask_patient` and the exams offered, as MedExAgent's RL dataset offers them
+  (`select_tools_for_case`: the work-up's tools plus `distractors` others, shuffled, drawn from seed and
+  case, or kept from a MedExAgent parquet row); `--interface order_exam`: `ask_patient` and `order_exam`;
+- the prompt and loop, by `patient`: `dialogue` (the default) is MedExAgent's RL doctor prompt as published
+  (`train/rl/dataset.py` `build_doctor_system_prompt_rl`; docs/sources.md, MedExAgent) played by its loop
+  (`agent_name` `medexagent`), where plain text goes to the patient; `ask_patient` is verl's `tool_agent`,
+  the patient a tool, with a system and a user message and one answer format (`[DIAGNOSIS: ...]`);
 - `create_kwargs.noise`: the noise configuration and, in dataset mode, this case's assignment (MedExAgent's
-  dataset-level draw over the whole bank, before the split), which the server realises;
-- `extra_info.clinic` (the recorded work-up, as written, and the reward profile and weights the reward
-  reads) and `extra_info.noise` (the noise plan: hidden metadata for evaluation by noise type).
+  draw over the whole bank, before the split), which the server realises;
+- `extra_info.clinic` (the recorded work-up, the reward's profile and weights) and `extra_info.noise` (the
+  noise plan, for evaluation by noise type).
 """
 
 from __future__ import annotations

@@ -1,21 +1,16 @@
-"""Patient and exam noise, planned per case and applied by the server, in training and evaluation.
+"""Patient and exam noise, planned per case and applied by the server, in training and evaluation, with
+MedExAgent's seven patient and three exam noise types (docs/sources.md, MedExAgent). Two modes:
 
-Two modes, both with MedExAgent's seven patient and three exam noise types (docs/sources.md, MedExAgent):
+- `dataset` (the default, MedExAgent's): the bank assigns noise over the whole dataset
+  (`medexagent_noise.assign`: exactly round(N x rate) eligible patients or exam slots), writes each row's
+  assignment into its create_kwargs, and the server realises it with MedExAgent's tables, each distortion on
+  one of the first seven answers.
+- `per_case` (ours): a pure function of (case, seed, rates), for cases served without a bank (`/v1/score`,
+  ad-hoc eval files) and rates that must not depend on which cases share a bank.
 
-- `dataset` (the default) is MedExAgent's: the bank assigns noise dataset-wide (`medexagent_noise.assign`:
-  exactly round(N x patient rate) eligible patients get 1-3 eligible types, round(slots x exam rate) of all
-  eligible exam slots get one type), writes each row's assignment into its create_kwargs, and the server
-  realises it with MedExAgent's tables (adjacent body parts, confusions, severity swaps, durations x 0.3-2,
-  self-diagnosis phrases, vague answers, its ambiguity templates), each on one of the first seven answers.
-- `per_case` is ours: a pure function of (case, seed, rates), so no bank is needed to know a case's noise;
-  `patient_rate` is the chance that a case's patient is noisy and `exam_rate` the chance that each exam result
-  is. It exists for cases served without a bank (`POST /v1/score`, ad-hoc eval files) and for noise rates
-  that should not depend on which other cases share the bank.
-
-In both, a distortion of a symptom is bound to that symptom and the rule-based patient tells it distorted
-every time (MedExAgent's rule-based patient ignores noise; its LLM patient gets a one-off hint, which the
-LLM patient here gets too); a self-diagnosis and a vague answer are bound to one answer. The chief complaint
-is never left out, or the case could not be solved. The plan is recorded in the row's hidden metadata.
+A distorted symptom stays distorted every time the rule-based patient tells it (an LLM patient gets
+MedExAgent's one-off hint); the chief complaint is never left out, or the case could not be solved. The plan
+is recorded in the row's hidden metadata.
 """
 
 from __future__ import annotations

@@ -1,21 +1,14 @@
 """`case-env bench server`: throughput, per-tool latency and server CPU per call of the real server under
 many concurrent rollouts, against peers and floors in the same run.
 
-Baselines (`--baseline naive,openenv,floor`, any subset):
-- `naive`: the same app over a naive data engine (`naive.py`): what the engine buys.
-- `openenv`: the same tools through OpenEnv's own app factory (`openenv_engine.py`, the `openenv` extra).
-- `floor`: a bare Starlette route replaying the answers case-env gave earlier in the run (`floor.py`).
-
-Each engine is served by uvicorn in its own process group (same worker count, loopback) and driven by the
-load generator (`case_env.bench.load`, playing the mixes of `bench/mixes.py`) as a separate process, twice: the episode mix (a whole
-imaging episode, renders included) and the cheap mix (`list_visits` only, the framework's own cost).
-case-env runs both mixes with its response cache on and off, and the render mix. While a load runs, this
-process samples the server's process tree for CPU time and memory, so each run reports server CPU per call
-over exactly the measured window. The cheap mix, whose ratio to the floor is a target, runs its engines in
-turns (`run_paired`), so the machine's drift falls on all of them alike; every run starts with the data
-in the page cache (`page_in`). `bench.json` holds every run, `ratio_vs_<baseline>` per mix (throughput and server CPU per
-call as case-env ÷ baseline, p99 as baseline ÷ case-env), the response cache's hit rate and which targets
-were met; `bench.png` plots them.
+Baselines (`--baseline`, any subset): `naive`, the same app over a naive data engine (`naive.py`); `openenv`,
+the same tools through OpenEnv's own app factory (`openenv_engine.py`); `floor`, a bare Starlette route
+replaying case-env's answers (`floor.py`). Each engine runs under uvicorn in its own process group, driven
+by the load generator (`case_env.bench.load`) in another process through the episode, cheap and render mixes
+(`bench/mixes.py`), case-env with its response cache on and off. The server's process tree is sampled for
+CPU and memory over exactly the measured window; the cheap mix runs its engines in turns (`run_paired`) so
+the machine's drift falls on all alike, and every run starts with the data in the page cache.
+`bench.json` holds every run and the ratios per mix; `bench.png` plots them.
 """
 
 from __future__ import annotations
