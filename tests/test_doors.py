@@ -214,20 +214,6 @@ def test_mcp_refuses_another_case_under_a_bound_episode_and_a_missing_token(serv
     assert reply.status_code == 401 and json.loads(reply.text)["error"]["code"] == "unauthorized"
 
 
-def test_the_mcp_door_keeps_the_sdks_spans_only_where_they_are_exported(monkeypatch):
-    from fastapi import FastAPI
-
-    from case_env.core import registry
-    from case_env.server.doors.mcp import CaseMCP
-
-    monkeypatch.delenv("OTEL_TRACES_EXPORTER", raising=False)
-    monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)
-    assert CaseMCP(FastAPI(), registry.get("imaging"), 4, 60).server.middleware == []
-    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "otlp")
-    kept = CaseMCP(FastAPI(), registry.get("imaging"), 4, 60).server.middleware
-    assert [type(m).__name__ for m in kept] == ["OpenTelemetryMiddleware"]
-
-
 def test_the_doors_are_in_the_openapi_document_which_stays_valid(server):
     from openapi_spec_validator import validate
 

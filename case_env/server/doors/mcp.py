@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -74,18 +73,6 @@ def _text(text: str, error: bool = False, **structured: Any) -> types.CallToolRe
     )
 
 
-def _tracing() -> bool:
-    """Whether OpenTelemetry exports spans here: a tracer provider installed, or an exporter named in the
-    environment (as auto-instrumentation reads it)."""
-    from opentelemetry import trace
-
-    exporter = (
-        os.environ.get("OTEL_TRACES_EXPORTER", "") not in ("", "none")
-        or "OTEL_EXPORTER_OTLP_ENDPOINT" in os.environ
-    )
-    return exporter or not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
-
-
 class CaseMCP:
     """One environment's MCP server and the episodes it started, by id."""
 
@@ -102,8 +89,6 @@ class CaseMCP:
             # without it the SDK runs the whole tools/list for every call to check one tool's schema
             get_tool_input_schema=self.input_schema,
         )
-        if not _tracing():  # the SDK's span per message is a no-op without an exporter, at a cost per call
-            self.server.middleware.clear()
         # the server binds loopback by default; a caller's Host is checked by the token gate, not here
         security = TransportSecuritySettings(enable_dns_rebinding_protection=False)
         self.sessions = StreamableHTTPSessionManager(
