@@ -15,7 +15,6 @@ import httpx
 
 from case_env.server.control import Sizing, ensure_server, is_loopback, stop
 from case_env.verl import launch
-from case_env.verl.launch import Plan, RunRefusedError
 
 
 def prepare(argv: list[str], prog: str = "scripts/train_grpo.sh"):
@@ -24,21 +23,23 @@ def prepare(argv: list[str], prog: str = "scripts/train_grpo.sh"):
     args, extra = launch.parse(argv, prog)
     problems = launch.check_inputs(args)
     if problems:
-        raise RunRefusedError(problems)
+        raise launch.RunRefusedError(problems)
     if args.tool_config is None:
         args.tool_config = launch.bank_tool_config(args.data.resolve(), args.dry_run)
     exposed = not is_loopback(httpx.URL(args.server_url).host) or not is_loopback(args.server_host)
     if exposed and launch.token(args) is None:
-        raise RunRefusedError(["a server beyond loopback needs a token: set CASE_ENV_TOKEN or --token-file"])
+        raise launch.RunRefusedError(
+            ["a server beyond loopback needs a token: set CASE_ENV_TOKEN or --token-file"]
+        )
     from case_env.verl.preflight import Preflight  # imports verl (seconds): after the arguments' checks
 
-    run = Preflight(Plan(args, extra, env_vars=launch.forwarded_env(args, launch.worker_url(args))))
+    run = Preflight(launch.Plan(args, extra, env_vars=launch.forwarded_env(args, launch.worker_url(args))))
     try:
         run.compose()
-    except RunRefusedError:
+    except launch.RunRefusedError:
         raise
     except Exception as exc:  # Hydra's or verl's refusal of an override, in one line
-        raise RunRefusedError([f"the config does not compose: {type(exc).__name__}: {exc}"]) from exc
+        raise launch.RunRefusedError([f"the config does not compose: {type(exc).__name__}: {exc}"]) from exc
     return run
 
 
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None, preflight_only: bool = False) -> int:
     prog = "case-env train preflight" if preflight_only else "scripts/train_grpo.sh"
     try:
         run = prepare(sys.argv[1:] if argv is None else argv, prog)
-    except RunRefusedError as refused:
+    except launch.RunRefusedError as refused:
         for problem in refused.problems:
             print(f"error: {problem}", file=sys.stderr)
         return 2
