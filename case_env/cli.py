@@ -20,6 +20,7 @@ import typer
 from case_env import __version__
 from case_env.cli_options import options_command
 from case_env.core import registry
+from case_env.core.commands import plain_app
 from case_env.core.errors import CommandError
 from case_env.core.parts import (
     Banks,
@@ -39,12 +40,9 @@ if TYPE_CHECKING:
     from case_env.server.settings import ServerSettings
     from case_env.settings import DataSettings
 
-app = typer.Typer(
+app = plain_app(
     help="case-env: RL environment server for clinical agents that gather evidence with tools.",
     no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    add_completion=False,
-    rich_markup_mode=None,  # plain help: rich mode shows every flag as `<bool>` (typer 0.29)
 )
 data_app = typer.Typer(help="Inspect and validate a data root.", no_args_is_help=True)
 bank_app = typer.Typer(help="Build and validate banks in the CASE parquet schema.", no_args_is_help=True)

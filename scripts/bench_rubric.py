@@ -7,12 +7,15 @@ this run; and one degenerate final turn citing 5,000 distinct values.
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from pathlib import Path
+from typing import Annotated
+
+import typer
 
 from case_env.core.bank import load_items
+from case_env.core.commands import run
 from case_env.envs.imaging.reward import letter_score, rubric_score
 
 
@@ -39,17 +42,17 @@ def per_row(score, rows: list[tuple], repeats: int) -> float:
     return (time.perf_counter() - began) / (repeats * len(rows))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("trajectories", type=Path, help="An eval output directory (trajectories.jsonl).")
-    parser.add_argument("bank", type=Path, help="The bank it was run on.")
-    parser.add_argument("--repeats", type=int, default=20)
-    args = parser.parse_args()
-    extras = {item.key: item.extra for item in load_items(args.bank)}
-    records = [json.loads(line) for line in (args.trajectories / "trajectories.jsonl").open()]
+def main(
+    trajectories: Annotated[Path, typer.Argument(help="An eval output directory (trajectories.jsonl).")],
+    bank: Annotated[Path, typer.Argument(help="The bank it was run on.")],
+    repeats: Annotated[int, typer.Option(help="Passes over the rows per timing.")] = 20,
+) -> None:
+    """Time the letter reward alone and with the rubric's rules."""
+    extras = {item.key: item.extra for item in load_items(bank)}
+    records = [json.loads(line) for line in (trajectories / "trajectories.jsonl").open()]
     rows = [(transcript(r["messages"]), r["ground_truth"], extras[r["question_id"]]) for r in records]
-    letter = min(per_row(lambda t, g, _e: letter_score(t, g), rows, args.repeats) for _ in range(2))
-    rubric = per_row(rubric_score, rows, args.repeats)
+    letter = min(per_row(lambda t, g, _e: letter_score(t, g), rows, repeats) for _ in range(2))
+    rubric = per_row(rubric_score, rows, repeats)
     looping = rows[0][0] + "\n" + " ".join(f"{i}.{i % 10} mL" for i in range(5000))
     began = time.perf_counter()
     rubric_score(looping, rows[0][1], rows[0][2])
@@ -68,4 +71,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -11,39 +11,40 @@ Writes the cases, builds a bank (all cases in one split), starts `case-env serve
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from pathlib import Path
+from typing import Annotated
+
+import typer
 
 from case_env.bench.process import ServerProcess
 from case_env.core.bank import write
+from case_env.core.commands import run
 from case_env.envs.casereason.bank import build
 from case_env.envs.casereason.cases import read_file
 from case_env.envs.casereason.synth import write_cases
 from case_env.eval.runner import run_eval
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cases", type=int, default=150, help="Synthetic cases.")
-    parser.add_argument("--seed", type=int, default=0, help="Case seed.")
-    parser.add_argument("--out", type=Path, default=Path("bench-out/casereason"), help="Output directory.")
-    args = parser.parse_args()
-    root = args.out / "root"
-    write_cases(args.cases, args.seed, root / "casereason" / "casereason_synthetic.jsonl")
-    cases = read_file(root / "casereason" / "casereason_synthetic.jsonl").cases
-    write(build(cases, args.seed, (1.0, 0.0, 0.0)), args.out / "bank", {"env": "casereason"})
+def main(
+    cases: Annotated[int, typer.Option(help="Synthetic cases.")] = 150,
+    seed: Annotated[int, typer.Option(help="Case seed.")] = 0,
+    out: Annotated[Path, typer.Option(help="Output directory.")] = Path("bench-out/casereason"),
+) -> None:
+    """Run the case-reasoning baselines."""
+    root = out / "root"
+    write_cases(cases, seed, root / "casereason" / "casereason_synthetic.jsonl")
+    presentations = read_file(root / "casereason" / "casereason_synthetic.jsonl").cases
+    write(build(presentations, seed, (1.0, 0.0, 0.0)), out / "bank", {"env": "casereason"})
     started, figures = time.perf_counter(), {}
     with ServerProcess(
-        args.out / "server.log",
+        out / "server.log",
         {"CASE_ENV_DATA_ROOT": str(root), "CASE_ENV_CASEREASON_CASES": None, "CASE_ENV_TOKEN": None},
     ) as server:
         for agent in ("reader", "symptoms"):
-            (args.out / agent / "trajectories.jsonl").unlink(missing_ok=True)  # a fresh run each time
-            results = run_eval(
-                args.out / "bank" / "train.parquet", server.url, agent, args.out / agent, progress=False
-            )
+            (out / agent / "trajectories.jsonl").unlink(missing_ok=True)  # a fresh run each time
+            results = run_eval(out / "bank" / "train.parquet", server.url, agent, out / agent, progress=False)
             figures[agent] = results["overall"]
             o = results["overall"]
             for mode in ("independent", "sequential"):
@@ -53,14 +54,14 @@ def main() -> None:
                     f"recall {o['recall']:.3f} (n={o['n']})"
                 )
     summary = {
-        "cases": args.cases,
-        "seed": args.seed,
+        "cases": cases,
+        "seed": seed,
         "seconds": round(time.perf_counter() - started, 1),
         "baselines": figures,
     }
-    (args.out / "baselines.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print(f"wrote {args.out / 'baselines.json'}")
+    (out / "baselines.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(f"wrote {out / 'baselines.json'}")
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

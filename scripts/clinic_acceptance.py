@@ -14,14 +14,17 @@ report.html with every run on the cost-accuracy plot.
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from pathlib import Path
+from typing import Annotated
+
+import typer
 
 from case_env.bench.process import ServerProcess
 from case_env.core import registry
 from case_env.core.bank import write
+from case_env.core.commands import run
 from case_env.envs.clinic.bank import build
 from case_env.envs.clinic.noise import NoiseConfig
 from case_env.envs.clinic.reward import RewardWeights
@@ -44,51 +47,51 @@ PROTOCOL_FIGURES = (
 )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cases", type=int, default=300, help="Synthetic cases (10 per condition per 300).")
-    parser.add_argument("--seed", type=int, default=0, help="Case seed.")
-    parser.add_argument("--noise-seed", type=int, default=42, help="Noise seed.")
-    parser.add_argument("--out", type=Path, default=Path("bench-out/clinic"), help="Output directory.")
-    parser.add_argument(
-        "--profiles",
-        nargs="+",
-        default=["medexagent", "strict"],
-        help="Reward profiles to run (default both).",
-    )
-    args = parser.parse_args()
-    root = args.out / "root"
-    cases = make_cases(args.cases, args.seed)
-    write_csv(cases, root / "clinic" / "clinic_synthetic.csv")
+def main(
+    cases: Annotated[int, typer.Option(help="Synthetic cases (10 per condition per 300).")] = 300,
+    seed: Annotated[int, typer.Option(help="Case seed.")] = 0,
+    noise_seed: Annotated[int, typer.Option(help="Noise seed.")] = 42,
+    out: Annotated[Path, typer.Option(help="Output directory.")] = Path("bench-out/clinic"),
+    profiles: Annotated[
+        list[str],
+        typer.Option(
+            "--profile", metavar="PROFILE", help="A reward profile to run (repeat the option for several)."
+        ),
+    ] = ["medexagent", "strict"],  # noqa: B006 (typer reads the default, never mutates it)
+) -> None:
+    """Run the clinic acceptance comparison."""
+    root = out / "root"
+    made = make_cases(cases, seed)
+    write_csv(made, root / "clinic" / "clinic_synthetic.csv")
     started = time.perf_counter()
     figures: dict[str, dict] = {}
     runs = []
     with ServerProcess(
-        args.out / "server.log",
+        out / "server.log",
         {"CASE_ENV_DATA_ROOT": str(root), "CASE_ENV_CLINIC_CASES": None, "CASE_ENV_TOKEN": None},
     ) as server:
         print(
             f"{'profile':10s} {'agent':10s} {'noise':15s} {'reward':>6s} {'strict':>6s} {'lenient':>7s} "
             f"{'tool':>5s} {'cost':>5s} {'exam$':>6s} {'exams':>5s} {'n':>4s}"
         )
-        for profile in args.profiles:
+        for profile in profiles:
             weights = RewardWeights(profile=profile)
             for level, (patient, exam) in LEVELS.items():
-                noise = NoiseConfig(seed=args.noise_seed, patient_rate=patient, exam_rate=exam)
+                noise = NoiseConfig(seed=noise_seed, patient_rate=patient, exam_rate=exam)
                 name = f"{profile}-{level.replace(' ', '-')}"
-                bank = args.out / "banks" / name
+                bank = out / "banks" / name
                 write(
-                    build(cases, args.seed, (1.0, 0.0, 0.0), noise, weights),
+                    build(made, seed, (1.0, 0.0, 0.0), noise, weights),
                     bank,
                     {"env": "clinic", "noise": noise.model_dump(), "reward": weights.model_dump()},
                 )
                 for agent in AGENTS:
-                    out = args.out / "runs" / f"{name}-{agent}"
-                    (out / "trajectories.jsonl").unlink(missing_ok=True)  # a fresh run each time
+                    run_dir = out / "runs" / f"{name}-{agent}"
+                    (run_dir / "trajectories.jsonl").unlink(missing_ok=True)  # a fresh run each time
                     # the `noisy` protocol plays the bank's noise plan and personas (MedExAgent's own
                     # protocols inject no noise)
                     results = run_eval(
-                        bank / "train.parquet", server.url, agent, out, progress=False, protocol="noisy"
+                        bank / "train.parquet", server.url, agent, run_dir, progress=False, protocol="noisy"
                     )
                     figures[f"{profile} / {agent} / {level}"] = {
                         "overall": results["overall"],
@@ -105,35 +108,35 @@ def main() -> None:
         # metrics its evaluation reports (diagnosis Jaccard = its diagnosis_reward, the ToolRL score = its
         # tool_call_reward, diagnosis_found, tool_hallucination_rate, num_tool_calls), side by side
         protocols = {}
-        clean = args.out / "banks" / f"{args.profiles[0]}-clean" / "train.parquet"
+        clean = out / "banks" / f"{profiles[0]}-clean" / "train.parquet"
         print(
             f"\n{'protocol':12s} {'agent':10s} "
             + " ".join(f"{k:>{max(len(k), 6)}s}" for k in PROTOCOL_FIGURES)
         )
         for protocol in ("conversation", "diagnosis"):
             for agent in AGENTS:
-                out = args.out / "runs" / f"{protocol}-{agent}"
-                (out / "trajectories.jsonl").unlink(missing_ok=True)
-                o = run_eval(clean, server.url, agent, out, progress=False, protocol=protocol)["overall"]
+                run_dir = out / "runs" / f"{protocol}-{agent}"
+                (run_dir / "trajectories.jsonl").unlink(missing_ok=True)
+                o = run_eval(clean, server.url, agent, run_dir, progress=False, protocol=protocol)["overall"]
                 protocols[f"{protocol} / {agent}"] = {k: o[k] for k in PROTOCOL_FIGURES}
                 print(
                     f"{protocol:12s} {agent:10s} "
                     + " ".join(f"{o[k]:>{max(len(k), 6)}.3f}" for k in PROTOCOL_FIGURES)
                 )
-    write_report(args.out, registry.get("clinic"), runs, [])
+    write_report(out, registry.get("clinic"), runs, [])
     summary = {
-        "cases": args.cases,
-        "seed": args.seed,
-        "noise_seed": args.noise_seed,
+        "cases": cases,
+        "seed": seed,
+        "noise_seed": noise_seed,
         "levels": {k: {"patient_rate": v[0], "exam_rate": v[1]} for k, v in LEVELS.items()},
-        "profiles": args.profiles,
+        "profiles": profiles,
         "seconds": round(time.perf_counter() - started, 1),
         "runs": figures,
         "protocols": protocols,
     }
-    (args.out / "acceptance.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print(f"wrote {args.out / 'acceptance.json'} and {args.out / 'report.html'}")
+    (out / "acceptance.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(f"wrote {out / 'acceptance.json'} and {out / 'report.html'}")
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -12,15 +12,18 @@ no-tool and random (random with --repeats) over every split, and writes acceptan
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
 import time
 from pathlib import Path
+from typing import Annotated
+
+import typer
 
 from case_env.bench.process import ServerProcess
 from case_env.core.bank import write
+from case_env.core.commands import run
 from case_env.envs.imaging.bank.build import build
 from case_env.envs.imaging.clinical import load_clinical
 from case_env.envs.imaging.data.store import PatientStore
@@ -41,28 +44,28 @@ def answers(result) -> dict[tuple, str]:
     return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--patients", type=int, default=30)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--repeats", type=int, default=20, help="Rollouts per row of the prompt-only baselines."
-    )
-    parser.add_argument("--root", type=Path, help="An existing synthetic root (default: generated in --out).")
-    parser.add_argument("--out", type=Path, default=Path("bench-out/imaging"))
-    args = parser.parse_args()
+def main(
+    patients: Annotated[int, typer.Option(help="Synthetic patients.")] = 30,
+    seed: Annotated[int, typer.Option(help="Seed of the patients and the bank.")] = 0,
+    repeats: Annotated[int, typer.Option(help="Rollouts per row of the prompt-only baselines.")] = 20,
+    root: Annotated[
+        Path | None, typer.Option(help="An existing synthetic root [default: generated in --out].")
+    ] = None,
+    out: Annotated[Path, typer.Option(help="Output directory.")] = Path("bench-out/imaging"),
+) -> None:
+    """Run the imaging acceptance comparison."""
     started = time.perf_counter()
-    root = args.root or args.out / "root"
-    if args.root is None:
-        generate_dataset(root, args.patients, "ci", args.seed, jobs=os.cpu_count() or 1)
-    real = args.out / "no-manifests"
+    if root is None:
+        root = out / "root"
+        generate_dataset(root, patients, "ci", seed, jobs=os.cpu_count() or 1)
+    real = out / "no-manifests"
     shutil.rmtree(real, ignore_errors=True)
     shutil.copytree(root, real, ignore=shutil.ignore_patterns("*_phantom.json"))
     store = PatientStore(real)
     clinical = load_clinical(store)
-    measured = build(store, args.seed, (0.8, 0.1, 0.1), "measured", clinical.diagnoses if clinical else None)
-    manifest = build(PatientStore(root), args.seed, (0.8, 0.1, 0.1), "manifest")
-    bank = args.out / "bank"
+    measured = build(store, seed, (0.8, 0.1, 0.1), "measured", clinical.diagnoses if clinical else None)
+    manifest = build(PatientStore(root), seed, (0.8, 0.1, 0.1), "manifest")
+    bank = out / "bank"
     write(measured, bank, {"env": "imaging", "truth": "measured", "data_root": str(real)})
     a, b = answers(measured), answers(manifest)
     common = sorted(set(a) & set(b))
@@ -77,12 +80,12 @@ def main() -> None:
     }
     print(f"measured vs manifest truth: {agree}/{len(common)} questions agree ({agree / len(common):.4f})")
     with ServerProcess(
-        args.out / "server.log", {"CASE_ENV_DATA_ROOT": str(real), "CASE_ENV_TOKEN": None}
+        out / "server.log", {"CASE_ENV_DATA_ROOT": str(real), "CASE_ENV_TOKEN": None}
     ) as server:
-        for agent, repeats in AGENTS.items():
-            out = args.out / "runs" / agent
-            shutil.rmtree(out, ignore_errors=True)
-            results = run_eval(bank, server.url, agent, out, repeats=repeats or args.repeats, progress=False)
+        for agent, rollouts in AGENTS.items():
+            run_dir = out / "runs" / agent
+            shutil.rmtree(run_dir, ignore_errors=True)
+            results = run_eval(bank, server.url, agent, run_dir, repeats=rollouts or repeats, progress=False)
             figures["runs"][agent] = {
                 "overall": results["overall"],
                 "by_data_source": results["by_data_source"],
@@ -93,9 +96,9 @@ def main() -> None:
             )
             print(f"{agent:9s} {cells}")
     figures["seconds"] = round(time.perf_counter() - started, 1)
-    (args.out / "acceptance.json").write_text(json.dumps(figures, indent=2) + "\n", encoding="utf-8")
-    print(f"wrote {args.out / 'acceptance.json'}")
+    (out / "acceptance.json").write_text(json.dumps(figures, indent=2) + "\n", encoding="utf-8")
+    print(f"wrote {out / 'acceptance.json'}")
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

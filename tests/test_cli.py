@@ -382,6 +382,7 @@ def test_every_option_names_its_default_and_flags_read_as_flags():
     import typer
 
     from case_env.cli import app
+    from case_env.verl import options, sft
 
     root = typer.main.get_command(app)
 
@@ -392,8 +393,13 @@ def test_every_option_names_its_default_and_flags_read_as_flags():
         else:
             yield " ".join(path), command
 
+    launchers = {  # scripts/train_*.sh and `case-env train run|preflight`, which hand their arguments on
+        "train_grpo.sh": options.grpo_command(options.recipes()),
+        "train preflight": options.grpo_command(options.recipes(), preflight=True),
+        "train_sft.sh": sft.sft_command(sft.sft_recipes()),
+    }
     silent, seen = [], 0
-    for path, command in commands(root, []):
+    for path, command in [*commands(root, []), *launchers.items()]:
         context = type(root).context_class(command, info_name=path)
         for option in command.params:
             if option.param_type_name != "option" or option.is_flag or option.name == "help":
@@ -403,7 +409,7 @@ def test_every_option_names_its_default_and_flags_read_as_flags():
             text = record[1] if record else ""
             if not option.required and "default" not in text.lower() and "required" not in text:
                 silent.append(f"{path} {option.opts[0]}")
-    assert seen > 100 and not silent, silent
+    assert seen > 130 and not silent, silent
 
     shown = run("synth", "--help").stdout
     assert "<bool>" not in shown and "--force " in shown and "[default: 10]" in shown
@@ -487,3 +493,21 @@ def test_train_preflight_offers_only_what_the_checks_take():
     assert "--model" in shown and "--dry-run" not in shown and "--skip-preflight" not in shown
     refused = run("train", "preflight", "--model", "m", "--data", "/nowhere", "--dry-run")
     assert refused.returncode == 2 and "unknown option(s) --dry-run" in refused.stderr
+
+
+def test_every_command_line_is_written_with_typer():
+    """One command-line framework: `case-env`, the launchers, the benchmarks' helpers and scripts/ all read
+    their options with typer (case_env/core/commands.py), none with argparse."""
+    top = Path(__file__).resolve().parents[1]
+    sources = [
+        p
+        for folder in ("case_env", "scripts", "tools", "examples", "integrations")
+        for p in (top / folder).rglob("*.py")
+    ]
+    assert len(sources) > 150
+    with_argparse = [
+        str(p.relative_to(top))
+        for p in sources
+        if re.search(r"^\s*(import|from) argparse\b", p.read_text(encoding="utf-8"), re.M)
+    ]
+    assert not with_argparse

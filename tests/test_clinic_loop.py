@@ -54,10 +54,10 @@ def pneumonia(tmp_path_factory, dataset):
 
 
 def composed(bank, model_dir):
-    from case_env.verl import launch
+    from case_env.verl import launch, options
 
     argv = ["--dry-run", "--recipe", "medexagent", "--model", str(model_dir), "--data", str(bank)]
-    args, extra = launch.parse(argv)
+    args, extra = options.parse(argv)
     args.tool_config = launch.bank_tool_config(bank)
     return launch.compose(launch.Plan(args, extra).overrides())
 

@@ -368,7 +368,7 @@ def test_medexagent_8b_calls_play_through_verls_tool_agent_loop(pneumonia, monke
 def test_the_medexagent_recipe_composes_and_validates_against_verls_config(tmp_path, capsys):
     from case_env.envs.clinic.synth import make_cases
     from case_env.verl import grpo as grpo_run
-    from case_env.verl import launch
+    from case_env.verl import launch, options
 
     write(build(make_cases(20, 0), 0, (0.8, 0.1, 0.1), NoiseConfig()), tmp_path / "bank", {"env": "clinic"})
     argv = ["--dry-run", "--recipe", "medexagent", "--model", "m", "--data", str(tmp_path / "bank")]
@@ -376,7 +376,7 @@ def test_the_medexagent_recipe_composes_and_validates_against_verls_config(tmp_p
     out = capsys.readouterr().out
     assert "dry run: config composed and validated" in out
     assert code == (2 if "  FAIL " in out else 0)  # no GPU here: the GPU checks fail, the dry run says so
-    args, extra = launch.parse(argv)
+    args, extra = options.parse(argv)
     args.tool_config = grpo_tools = launch.bank_tool_config(tmp_path / "bank")
     config = launch.compose(launch.Plan(args, extra).overrides())
     actor, rollout = config.actor_rollout_ref.actor, config.actor_rollout_ref.rollout
@@ -387,7 +387,7 @@ def test_the_medexagent_recipe_composes_and_validates_against_verls_config(tmp_p
     assert (config.data.max_prompt_length, config.data.max_response_length) == (4096, 16384)
     assert (actor.optim.lr, config.data.train_batch_size, config.trainer.total_epochs) == (1e-6, 64, 1)
     # the base recipe is unchanged beside it
-    grpo_args, _ = launch.parse(argv[:1] + argv[3:])
+    grpo_args, _ = options.parse(argv[:1] + argv[3:])
     grpo_args.tool_config = grpo_tools
     grpo = launch.compose(launch.Plan(grpo_args, []).overrides())
     assert grpo.actor_rollout_ref.actor.use_kl_loss is True and grpo.actor_rollout_ref.rollout.n == 8

@@ -50,11 +50,11 @@ def judge_at():
 
 
 def _compose(bank, *extra: str, judge_url: str | None = None):
-    from case_env.verl import launch
+    from case_env.verl import launch, options
 
     values = {"CASE_ENV_JUDGE_URL": judge_url} if judge_url else {}
     with env(**values):
-        args, rest = launch.parse(["--model", "m", "--data", str(bank), *extra])
+        args, rest = options.parse(["--model", "m", "--data", str(bank), *extra])
         args.tool_config = launch.bank_tool_config(bank)
         plan = launch.Plan(args, rest, env_vars=launch.forwarded_env(args, args.server_url))
         config = launch.compose(plan.overrides())

@@ -62,9 +62,9 @@ def server(dataset, tmp_path_factory):
 
 
 def composed(bank, model_dir, *argv: str):
-    from case_env.verl import launch
+    from case_env.verl import launch, options
 
-    args, extra = launch.parse(["--model", str(model_dir), "--data", str(bank), *argv])
+    args, extra = options.parse(["--model", str(model_dir), "--data", str(bank), *argv])
     args.tool_config = launch.bank_tool_config(bank)
     plan = launch.Plan(args, extra, env_vars=launch.forwarded_env(args, "http://127.0.0.1:8000"))
     config = launch.compose(plan.overrides())

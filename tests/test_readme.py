@@ -14,7 +14,7 @@ import typer
 
 from case_env.cli import app
 from case_env.envs.imaging.synth.writer import generate_dataset
-from case_env.verl import launch
+from case_env.verl import options
 from tests.server_harness import live_server
 
 REPO = Path(__file__).resolve().parents[1]
@@ -72,7 +72,7 @@ def test_every_command_the_readme_shows_is_accepted_by_the_real_cli():
             node.make_context("case-env", list(words))  # raises on an unknown option or a bad value
             checked += 1
         elif command[0] == "scripts/train_grpo.sh":
-            args, extra = launch.parse(command[1:])
+            args, extra = options.parse(command[1:])
             assert args.dry_run and not extra
             checked += 1
         else:

@@ -179,13 +179,13 @@ _OPSD = """
 import json, sys
 import ray
 from omegaconf import OmegaConf
-from case_env.verl import launch
+from case_env.verl import launch, options
 from case_env.verl.distill import HEADING, PrivilegedAgentLoops
 from case_env.verl.offline import ScriptedModel
 from tests.test_opsd import ScriptedTeacher, batch_of, batch_policy, response_view
 
 address, url, token, bank, model = sys.argv[1:6]
-args, extra = launch.parse(["--recipe", "case", "--model", model, "--data", bank, "--gpus", "2", "--nodes", "2",
+args, extra = options.parse(["--recipe", "case", "--model", model, "--data", bank, "--gpus", "2", "--nodes", "2",
                             "--teacher-gpus", "1", "trainer.use_v1=False", "actor_rollout_ref.rollout.agent.num_workers=2"])
 args.tool_config = launch.bank_tool_config(launch.Path(bank))
 env_vars = {"CASE_ENV_URL": url, "CASE_ENV_TOKEN": token}

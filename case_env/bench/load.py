@@ -14,7 +14,6 @@ the bytes the floor baseline replays.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import random
@@ -22,10 +21,14 @@ import statistics
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Annotated, Literal
+
+import typer
 
 from case_env.bench.client import ProtocolError
 from case_env.bench.doors import PROTOCOLS, Door
 from case_env.core import registry
+from case_env.core.commands import run
 from case_env.core.parts import Benchmarks, Plan
 
 
@@ -173,47 +176,49 @@ def summarise(tally: Tally, rollouts: int, elapsed: float) -> dict:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("url")
-    parser.add_argument("case_ids", type=Path, help="File with one case id per line.")
-    parser.add_argument("out", type=Path)
-    parser.add_argument("--rollouts", type=int, default=256)
-    parser.add_argument("--duration", type=float, default=20.0)
-    parser.add_argument("--warmup", type=float, default=3.0)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--think-ms", type=float, default=0.0, help="Mean think time before each call.")
-    parser.add_argument(
-        "--episodes", type=int, default=None, help="Stop each rollout after this many episodes."
-    )
-    parser.add_argument("--group-size", type=int, default=1, help="Rollouts that share case and calls.")
-    parser.add_argument(
-        "--env", default=None, help="The environment whose mix is played (default: the default)."
-    )
-    parser.add_argument("--mix", default="episode", help="Which of the environment's mixes an episode plays.")
-    parser.add_argument("--protocol", choices=PROTOCOLS, default="case-env", help="The server's wire format.")
-    parser.add_argument("--record", type=Path, default=None, help="Keep each tool's first answer here.")
-    a = parser.parse_args()
-    case_ids = [line.strip() for line in a.case_ids.read_text().splitlines() if line.strip()]
+def main(
+    url: Annotated[str, typer.Argument(help="The server's base URL.")],
+    case_ids: Annotated[Path, typer.Argument(help="File with one case id per line.")],
+    out: Annotated[Path, typer.Argument(help="JSON file for the figures.")],
+    rollouts: Annotated[int, typer.Option(help="Rollouts in flight.")] = 256,
+    duration: Annotated[float, typer.Option(help="Seconds measured.")] = 20.0,
+    warmup: Annotated[float, typer.Option(help="Seconds played before measuring.")] = 3.0,
+    seed: Annotated[int, typer.Option(help="Seed of the cases and calls drawn.")] = 0,
+    think_ms: Annotated[float, typer.Option(help="Mean think time before each call.")] = 0.0,
+    episodes: Annotated[
+        int | None, typer.Option(help="Stop each rollout after this many episodes [default: no limit].")
+    ] = None,
+    group_size: Annotated[int, typer.Option(help="Rollouts that share case and calls.")] = 1,
+    env: Annotated[
+        str | None, typer.Option(help="The environment whose mix is played [default: the default one].")
+    ] = None,
+    mix: Annotated[str, typer.Option(help="Which of the environment's mixes an episode plays.")] = "episode",
+    protocol: Annotated[Literal[PROTOCOLS], typer.Option(help="The server's wire format.")] = "case-env",
+    record: Annotated[
+        Path | None, typer.Option(help="Keep each tool's first answer here [default: not kept].")
+    ] = None,
+) -> None:
+    """One load run against a server: figures as JSON in `out`."""
+    ids = [line.strip() for line in case_ids.read_text().splitlines() if line.strip()]
     result = asyncio.run(
         run_load(
-            a.url,
-            case_ids,
-            a.rollouts,
-            a.duration,
-            a.warmup,
-            a.seed,
-            a.think_ms / 1000,
-            a.episodes,
-            a.group_size,
-            a.mix,
-            a.protocol,
-            a.record,
-            a.env,
+            url,
+            ids,
+            rollouts,
+            duration,
+            warmup,
+            seed,
+            think_ms / 1000,
+            episodes,
+            group_size,
+            mix,
+            protocol,
+            record,
+            env,
         )
     )
-    a.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -12,7 +12,6 @@ a model.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import json
@@ -21,10 +20,13 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
+from typing import Annotated
 
 import httpx
+import typer
 
 from case_env.bench.process import free_port
+from case_env.core.commands import run
 from case_env.server.control import is_loopback
 
 MAX_BODY = 64 * 2**20
@@ -104,9 +106,8 @@ def _response(status: int, body: bytes) -> bytes:
     return head.encode() + body
 
 
-async def _main(args: argparse.Namespace) -> None:
-    standin = StandIn(args.latency_ms / 1000, args.failure_rate, args.reply, args.seed)
-    server = await asyncio.start_server(standin.serve, args.host, args.port, backlog=4096)
+async def _main(host: str, port: int, standin: StandIn) -> None:
+    server = await asyncio.start_server(standin.serve, host, port, backlog=4096)
     async with server:
         await server.serve_forever()
 
@@ -164,21 +165,23 @@ class StandInProcess:
                 self.process.wait()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--host", default="127.0.0.1", help="Loopback address to bind.")
-    parser.add_argument("--port", type=int, default=8101)
-    parser.add_argument("--latency-ms", type=float, default=0.0, help="Wait before every answer.")
-    parser.add_argument("--failure-rate", type=float, default=0.0, help="Share of requests answered 500.")
-    parser.add_argument("--reply", default="yes", help="The content of every completion.")
-    parser.add_argument("--seed", type=int, default=0, help="Seeds which requests fail.")
-    args = parser.parse_args()
-    if not is_loopback(args.host):
-        parser.error(f"--host {args.host} is not a loopback address; the stand-in serves loopback only")
-    if not 0 <= args.failure_rate <= 1:
-        parser.error("--failure-rate must be between 0 and 1")
-    asyncio.run(_main(args))
+def main(
+    host: Annotated[str, typer.Option(help="Loopback address to bind.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to bind.")] = 8101,
+    latency_ms: Annotated[float, typer.Option(help="Wait before every answer.")] = 0.0,
+    failure_rate: Annotated[
+        float, typer.Option(min=0.0, max=1.0, help="Share of requests answered 500.")
+    ] = 0.0,
+    reply: Annotated[str, typer.Option(help="The content of every completion.")] = "yes",
+    seed: Annotated[int, typer.Option(help="Seeds which requests fail.")] = 0,
+) -> None:
+    """An OpenAI-compatible stand-in model server on loopback."""
+    if not is_loopback(host):
+        raise typer.BadParameter(
+            f"{host} is not a loopback address; the stand-in serves loopback only", param_hint="--host"
+        )
+    asyncio.run(_main(host, port, StandIn(latency_ms / 1000, failure_rate, reply, seed)))
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

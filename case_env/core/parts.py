@@ -176,8 +176,9 @@ class Baselines(ABC):
         """A scripted baseline: made per rollout from (item, variant, repeat)."""
 
 
-class Evaluation(ABC):
-    """How `case-env eval` rolls rows out and summarises them."""
+class Evaluation:
+    """How `case-env eval` rolls rows out and summarises them; without the part, each row once and the
+    mean reward."""
 
     max_turns: ClassVar[int] = 16
     # A model's temperature for independent samples (`Variant.sample`) when the user sets none: above 0, so
@@ -194,30 +195,28 @@ class Evaluation(ABC):
         """What this environment adds to a trajectory record."""
         return {}
 
-    @abstractmethod
-    def summarise(self, records: list[dict]) -> dict[str, Any]: ...
-
-    def summary_lines(self, results: dict[str, Any]) -> list[str]:
-        return []
-
-    def report(self, runs: list[tuple[str, dict]], records: list[dict]) -> ReportParts:
-        return ReportParts("")
-
-
-class PlainEvaluation(Evaluation):
-    """How an environment without an `Evaluation` part is evaluated: each row once, the mean reward."""
+    # The environment's evaluation module, when its figures are plain functions of the records there:
+    # `summarise(records)`, `summary_lines(results)` and `report(runs, records)`.
+    figures: ClassVar[Any] = None
 
     def summarise(self, records: list[dict]) -> dict[str, Any]:
+        if self.figures:
+            return self.figures.summarise(records)
         n = len(records)
         accuracy = round(sum(float(r.get("reward", 0.0)) for r in records) / n, 4) if n else 0.0
         return {"overall": {"n": n, "accuracy": accuracy}}
 
     def summary_lines(self, results: dict[str, Any]) -> list[str]:
+        if self.figures:
+            return self.figures.summary_lines(results)
         overall = results["overall"]
         return [f"overall {overall['n']} accuracy {overall['accuracy']:.3f}"]
 
+    def report(self, runs: list[tuple[str, dict]], records: list[dict]) -> ReportParts:
+        return self.figures.report(runs, records) if self.figures else ReportParts("")
 
-_PLAIN = PlainEvaluation()
+
+_PLAIN = Evaluation()
 
 
 def evaluation_of(env: object) -> Evaluation:

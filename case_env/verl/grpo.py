@@ -1,6 +1,6 @@
 """GRPO with multi-turn tools on verl 0.9.1 against a case-env server: scripts/train_grpo.sh runs this.
 
-The options are parsed and checked, the config composed (`launch.py`), the server found or started, then
+The options are parsed (`options.py`) and checked, the config composed (`launch.py`), the server found or started, then
 `case-env train preflight` (`preflight.py`) checks the run before verl's `main_ppo` starts; `--dry-run` prints
 the checks' table last and starts nothing (`--print-config`: the composed config too).
 """
@@ -14,13 +14,13 @@ import sys
 import httpx
 
 from case_env.server.control import Sizing, ensure_server, is_loopback, stop
-from case_env.verl import launch
+from case_env.verl import launch, options
 
 
 def prepare(argv: list[str], prog: str = "scripts/train_grpo.sh"):
     """Parse the options, check the inputs, choose the chat template and compose verl's config: the run as
     `case-env train preflight` checks it (a `Preflight` whose `config` is composed and validated)."""
-    args, extra = launch.parse(argv, prog)
+    args, extra = options.parse(argv, prog)
     problems = launch.check_inputs(args)
     if problems:
         raise launch.RunRefusedError(problems)

@@ -18,7 +18,6 @@ reasoning.
 
 from __future__ import annotations
 
-import argparse
 import atexit
 import importlib.util
 import os
@@ -27,267 +26,32 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 
 import case_env.reward
 from case_env.core import registry
 from case_env.core.bank import bank_sources, split_file
-from case_env.core.calls import FORMATS
-from case_env.core.parts import AgentLoops, Judged, Recipe, Recipes
+from case_env.core.parts import AgentLoops, Judged
 from case_env.reward import score_deadline_s
 from case_env.server.control import is_loopback
 from case_env.verl.config import write
-
-# A recipe is the overrides that differ from the base recipe (`grpo`, ours); environments add their own
-# (`case_env.core.parts.Recipes`).
-BASE = Recipe({}, group_size=8, epochs=3, rollout="vllm", summary="ours")
-
-
-def _module_file(name: str) -> Path:
-    spec = importlib.util.find_spec(name)
-    assert spec is not None and spec.origin is not None, name
-    return Path(spec.origin).resolve()
-
-
-def recipes() -> dict[str, Recipe]:
-    """Every recipe: the base one, then each environment's."""
-    found = {"grpo": BASE}
-    for env in registry.environments().values():
-        if isinstance(env, Recipes):
-            found.update(env.recipes)
-    return found
-
+from case_env.verl.options import TEMPLATE_CHOICES, recipes
 
 BASE_VALUES = {"data.max_prompt_length": "6144"}  # what other settings are derived from
 MANAGER = "case_env.verl.distill.PrivilegedAgentLoops"
 # What the teacher's prompt may hold beyond the student's (tokens): an insight past it falls back to the
 # plain prompt (distill.py). Ours: the insights of our banks are tens to a few hundred tokens.
 INSIGHT_TOKENS = 1024
-TEMPLATE_CHOICES = ("auto", "model", "shipped")
-REWARD_MANAGERS = ("auto", "naive", "rate_limited")
-JUDGE_CONCURRENCY = 256  # ours: about what one vLLM judge server batches at once (its --max-num-seqs)
 REWARD_WORKERS = 8  # verl's reward.num_workers default; each is a process with its own limiter
 REWARD_TIMEOUT_MARGIN_S = 30.0
-# ours: one teacher replica per node at verl's default tensor parallelism (2), an 8B model in BF16 with room
-# for its KV cache at verl's 0.5 memory share
-TEACHER_GPUS = 2
 
 
-def parse(argv: list[str], prog: str = "scripts/train_grpo.sh") -> tuple[argparse.Namespace, list[str]]:
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
-    known = recipes()
-    _where_options(parser)
-    _recipe_options(parser, known)
-    _reward_options(parser)
-    _opsd_options(parser, known)
-    if prog.endswith("preflight"):  # the checks alone: nothing to skip, nothing started to dry-run
-        parser.set_defaults(skip_preflight=False, dry_run=False, print_config=False)
-    else:
-        _start_options(parser)
-    return _finish(parser, known, argv)
-
-
-def _where_options(parser: argparse.ArgumentParser) -> None:
-    """The model, the bank, the server and the cluster."""
-    parser.add_argument(
-        "--model", required=True, help="Model path or Hugging Face id (a VL model: tools return images)."
-    )
-    parser.add_argument(
-        "--data", required=True, type=Path, help="Bank directory with train.parquet and val.parquet."
-    )
-    parser.add_argument("--server-url", default="http://127.0.0.1:8000", help="case-env server URL.")
-    parser.add_argument(
-        "--server-host",
-        default="127.0.0.1",
-        help="Bind address of a server the launcher starts (when none answers at --server-url). Another "
-        "address than loopback needs CASE_ENV_TOKEN, and workers then call this node's address.",
-    )
-    parser.add_argument(
-        "--token-file",
-        type=Path,
-        default=None,
-        help="File holding the server's token, readable at the same path on every node. Workers get the "
-        "path (CASE_ENV_TOKEN_FILE) instead of the token, which would otherwise sit in the config verl prints.",
-    )
-    parser.add_argument("--gpus", type=int, default=8, help="GPUs per node.")
-    parser.add_argument("--nodes", type=int, default=1, help="Nodes.")
-    parser.add_argument(
-        "--data-root",
-        type=Path,
-        default=Path("data/synthetic"),
-        help="Data root for the server started when none answers at --server-url.",
-    )
-    parser.add_argument(
-        "--batch-size", type=int, default=64, help="Prompts per step (data.train_batch_size)."
-    )
-
-
-def _recipe_options(parser: argparse.ArgumentParser, known: dict[str, Recipe]) -> None:
-    """The recipe and what may override its defaults: group, epochs, engine, tools, template, checkpoints."""
-    parser.add_argument(
-        "--recipe",
-        default="grpo",
-        choices=sorted(known),
-        help="; ".join(f"{name} ({r.summary})" for name, r in known.items()) + ".",
-    )
-    parser.add_argument(
-        "--group-size",
-        type=int,
-        default=None,
-        help="Samples per prompt (rollout.n); " + ", ".join(f"{n} {r.group_size}" for n, r in known.items()),
-    )
-    parser.add_argument(
-        "--epochs", type=int, default=None, help=", ".join(f"{n} {r.epochs}" for n, r in known.items()) + "."
-    )
-    parser.add_argument(
-        "--rollout",
-        default=None,
-        choices=["vllm", "sglang"],
-        help="Inference engine; default the recipe's ("
-        + ", ".join(f"{n} {r.rollout}" for n, r in known.items())
-        + ") when installed, else the installed one.",
-    )
-    parser.add_argument(
-        "--tool-config",
-        type=Path,
-        default=None,
-        help="verl tool YAML (default: the bank's environment's tools, written to <data>/verl_tools.yaml).",
-    )
-    parser.add_argument(
-        "--format",
-        default="hermes",
-        choices=FORMATS,
-        help="Tool-call format the model writes (multi_turn.format): hermes, JSON inside <tool_call> (Qwen2.5, "
-        "Qwen2.5-VL, Qwen3, Qwen3-VL); qwen3_coder, XML inside <tool_call> (Qwen3-Coder, Qwen3.5).",
-    )
-    parser.add_argument(
-        "--chat-template",
-        default="auto",
-        help="auto: the model's own template when it renders tools, else case-env's for its family; model: "
-        "the model's own; shipped: case-env's for the family (Qwen2.5-VL, Qwen3-VL, Qwen3); or a Jinja file.",
-    )
-    parser.add_argument(
-        "--checkpoint-dir",
-        type=Path,
-        default=None,
-        help="trainer.default_local_dir (default: checkpoints/case-env/<experiment> under this directory).",
-    )
-    parser.add_argument(
-        "--no-checkpoints",
-        action="store_true",
-        help="Run without saving checkpoints (trainer.save_freq=-1); preflight refuses such a run otherwise.",
-    )
-    parser.add_argument(
-        "--experiment", default=None, help="trainer.experiment_name (default: case-env-<recipe>)."
-    )
-
-
-def _reward_options(parser: argparse.ArgumentParser) -> None:
-    """verl's reward manager and the judge's limits."""
-    parser.add_argument(
-        "--reward-manager",
-        default="auto",
-        choices=REWARD_MANAGERS,
-        help="verl's reward manager. auto: rate_limited when the bank's rewards ask a judge and "
-        "CASE_ENV_JUDGE_URL is set, else naive.",
-    )
-    parser.add_argument(
-        "--judge-concurrency",
-        type=int,
-        default=JUDGE_CONCURRENCY,
-        help=f"Rewards scored at once over all of verl's reward workers (rate_limited; default "
-        f"{JUDGE_CONCURRENCY}, about what one vLLM judge server batches at once: set its --max-num-seqs).",
-    )
-    parser.add_argument(
-        "--judge-rpm",
-        type=int,
-        default=None,
-        help="Judge requests per minute (rate_limited; default: no limit).",
-    )
-    parser.add_argument(
-        "--judge-tpm",
-        type=int,
-        default=None,
-        help="Judge tokens per minute (rate_limited; default: no limit).",
-    )
-
-
-def _opsd_options(parser: argparse.ArgumentParser, known: dict[str, Recipe]) -> None:
-    """On-policy self-distillation."""
-    parser.add_argument(
-        "--opsd",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="On-policy self-distillation: a teacher reading each row's prompt with its teacher_insight scores "
-        "the student's own tokens (verl's distillation loss beside GRPO); default: the recipe's ("
-        + ", ".join(f"{n} {'on' if r.opsd else 'off'}" for n, r in known.items())
-        + ").",
-    )
-    parser.add_argument(
-        "--teacher-model",
-        default=None,
-        help="The OPSD teacher (default: --model, the initial checkpoint: self-distillation).",
-    )
-    parser.add_argument(
-        "--teacher-gpus",
-        type=int,
-        default=TEACHER_GPUS,
-        help=f"GPUs per node serving the OPSD teacher, taken from --gpus (default {TEACHER_GPUS}).",
-    )
-
-
-def _start_options(parser: argparse.ArgumentParser) -> None:
-    """What `train run` and train_grpo.sh add to the preflight's options: skipping it, or a dry run."""
-    parser.add_argument(
-        "--skip-preflight", action="store_true", help="Start the run without `case-env train preflight`."
-    )
-    parser.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="Compose the config, validate it with verl and print the preflight table and the main_ppo "
-        "command; start and write nothing (exit 2 when a check fails).",
-    )
-    parser.add_argument(
-        "--print-config",
-        action="store_true",
-        help="With --dry-run: also print the whole composed config (about a thousand lines of YAML).",
-    )
-
-
-def _finish(
-    parser: argparse.ArgumentParser, known: dict, argv: list[str]
-) -> tuple[argparse.Namespace, list[str]]:
-    args, extra = parser.parse_known_args(argv)
-    unknown = [a for a in extra if a.startswith("-")]
-    if unknown:  # the rest go to Hydra, whose overrides are key=value: an option here is a mistake
-        parser.error(f"unknown option(s) {' '.join(unknown)} (see --help; verl's settings go as key=value)")
-    recipe = known[args.recipe]
-    group, epochs, engine = recipe.group_size, recipe.epochs, recipe.rollout
-    args.group_size = args.group_size or group
-    args.epochs = args.epochs or epochs
-    args.rollout = args.rollout or installed_engine(engine)
-    args.opsd = recipe.opsd if args.opsd is None else args.opsd
-    args.teacher_model = args.teacher_model or args.model
-    args.experiment = args.experiment or f"case-env-{args.recipe}"
-    args.checkpoint_dir = (
-        args.checkpoint_dir or Path("checkpoints") / "case-env" / args.experiment
-    ).resolve()
-    return args, extra
-
-
-ENGINES = ("vllm", "sglang")
-
-
-def installed_engine(preferred: str) -> str:
-    """The recipe's inference engine when it is installed here, else the other one that is (a venv of `make
-    train-env` holds one of them), else the recipe's (a CPU machine composing a run)."""
-    import importlib.util
-
-    for engine in (preferred, *(e for e in ENGINES if e != preferred)):
-        if importlib.util.find_spec(engine) is not None:
-            return engine
-    return preferred
+def _module_file(name: str) -> Path:
+    spec = importlib.util.find_spec(name)
+    assert spec is not None and spec.origin is not None, name
+    return Path(spec.origin).resolve()
 
 
 def hydra_value(value: str) -> str:
@@ -305,7 +69,7 @@ class Plan:
     """Everything a run is composed from: the options, the bank's tool YAML, the chat template chosen for the
     model, and the server as the workers will call it."""
 
-    args: argparse.Namespace
+    args: SimpleNamespace
     extra: list[str]
     chat_template: str | None = None
     template_origin: str = "the model's own"
@@ -456,7 +220,7 @@ def _overridden(item: str, later: list[str]) -> bool:
     return any(_key(other) == _key(item) for other in later)
 
 
-def forwarded_env(args: argparse.Namespace, url: str) -> dict[str, str]:
+def forwarded_env(args: SimpleNamespace, url: str) -> dict[str, str]:
     """What rollout and reward workers read from their environment: the server's URL and token (or the token
     file's path), the recipe's settings, and every other CASE_ENV_* setting of this shell (the judge's
     CASE_ENV_JUDGE_URL, say; a recipe's setting given in the shell too keeps the shell's value), which verl
@@ -470,7 +234,7 @@ def forwarded_env(args: argparse.Namespace, url: str) -> dict[str, str]:
     return env
 
 
-def worker_url(args: argparse.Namespace) -> str:
+def worker_url(args: SimpleNamespace) -> str:
     """The URL workers call: --server-url, or this node's address when the launcher's server listens beyond
     loopback and --server-url names loopback (which on another node is that node)."""
     url = args.server_url
@@ -483,7 +247,7 @@ def worker_url(args: argparse.Namespace) -> str:
     return url
 
 
-def token(args: argparse.Namespace) -> str | None:
+def token(args: SimpleNamespace) -> str | None:
     if args.token_file is not None:
         return args.token_file.read_text(encoding="utf-8").splitlines()[0].strip() or None
     return os.environ.get("CASE_ENV_TOKEN") or None
@@ -510,7 +274,7 @@ def validate(config) -> None:
     )
 
 
-def check_inputs(args: argparse.Namespace) -> list[str]:
+def check_inputs(args: SimpleNamespace) -> list[str]:
     problems = []
     for split in ("train", "val"):
         try:
@@ -569,7 +333,7 @@ def bank_tool_config(data: Path, dry_run: bool = False) -> Path:
     return write(registry.get(bank_env(data)), folder / "verl_tools.yaml")
 
 
-def concurrency(args: argparse.Namespace) -> int:
+def concurrency(args: SimpleNamespace) -> int:
     """Trajectories a step runs at once, each with at most one call in flight."""
     return args.batch_size * args.group_size
 

@@ -14,8 +14,8 @@ without the files takes case-env's for a family whose published processor templa
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from omegaconf import OmegaConf
@@ -24,6 +24,7 @@ from case_env.core import registry
 from case_env.lm.chat_templates import family_for, template
 from case_env.verl import checks, launch, model_files
 from case_env.verl.checks import FAIL, Check
+from case_env.verl.options import TEMPLATE_CHOICES
 
 # families whose published (processor) template renders no tools: case-env's is used even unverified
 TOOLLESS = ("qwen2_5_vl",)
@@ -32,7 +33,7 @@ TOOLLESS = ("qwen2_5_vl",)
 class Preflight:
     def __init__(self, plan: launch.Plan):
         self.plan = plan
-        self.args: argparse.Namespace = plan.args
+        self.args: SimpleNamespace = plan.args
         self.results: list[Check] = []
         self.config: Any = None
         self.files: model_files.ModelFiles | None = None
@@ -103,7 +104,7 @@ class Preflight:
                 )
             plan.chat_template, plan.template_origin = shipped, f"case-env's {family.name} template"
             return
-        if args.chat_template not in launch.TEMPLATE_CHOICES:
+        if args.chat_template not in TEMPLATE_CHOICES:
             plan.chat_template = Path(args.chat_template).read_text(encoding="utf-8")
             plan.template_origin = f"the template of {args.chat_template}"
             return

@@ -14,23 +14,24 @@ builds verl's dataset over the converted rows with the model's tokenizer and pri
 starts. Otherwise verl's trainer starts under torchrun (`python -m torch.distributed.run`).
 """
 
-from __future__ import annotations
-
-import argparse
 import json
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Annotated, Literal
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import typer
 
 from case_env.core import registry
 from case_env.core.calls import chat_call
 from case_env.core.parts import Recipes, SFTRecipe
 from case_env.core.sft_data import sft_rows
 from case_env.verl import launch
+from case_env.verl.options import command, read
 
 
 def sft_recipes() -> dict[str, SFTRecipe]:
@@ -41,28 +42,41 @@ def sft_recipes() -> dict[str, SFTRecipe]:
     return found
 
 
-def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
-    known = sft_recipes()
-    parser = argparse.ArgumentParser(prog="scripts/train_sft.sh", description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--recipe",
-        required=True,
-        choices=sorted(known),
-        help="; ".join(f"{name}: {recipe.summary}" for name, recipe in sorted(known.items())),
-    )
-    parser.add_argument(
-        "--model", required=True, help="The model to fine-tune (a path or a Hugging Face id)."
-    )
-    parser.add_argument(
-        "--data", required=True, type=Path, help="Conversations: JSONL, an eval folder, or parquet."
-    )
-    parser.add_argument("--val", type=Path, default=None, help="Validation conversations, the same shapes.")
-    parser.add_argument("--gpus", type=int, default=8, help="GPUs per node.")
-    parser.add_argument("--nodes", type=int, default=1)
-    parser.add_argument("--checkpoint-dir", type=Path, default=Path("checkpoints/sft"))
-    parser.add_argument("--experiment", default="sft")
-    parser.add_argument("--dry-run", action="store_true", help="Compose, convert and check; start nothing.")
-    return parser.parse_known_args(argv)
+def parse(argv: list[str]) -> tuple[SimpleNamespace, list[str]]:
+    """The SFT launcher's options and verl's overrides."""
+    return read(sft_command(sft_recipes()), argv, "scripts/train_sft.sh")
+
+
+def sft_command(known: dict[str, SFTRecipe]):
+    """The SFT launcher's command."""
+    Recipe = Annotated[
+        Literal[tuple(sorted(known))],
+        typer.Option(
+            "--recipe",
+            help="; ".join(f"{name}: {recipe.summary}" for name, recipe in sorted(known.items())),
+        ),
+    ]
+
+    def launcher(
+        recipe: Recipe,
+        model: Annotated[str, typer.Option(help="The model to fine-tune (a path or a Hugging Face id).")],
+        data: Annotated[Path, typer.Option(help="Conversations: JSONL, an eval folder, or parquet.")],
+        val: Annotated[
+            Path | None, typer.Option(help="Validation conversations, the same shapes [default: none].")
+        ] = None,
+        gpus: Annotated[int, typer.Option(help="GPUs per node.")] = 8,
+        nodes: Annotated[int, typer.Option(help="Nodes.")] = 1,
+        checkpoint_dir: Annotated[Path, typer.Option(help="trainer.default_local_dir.")] = Path(
+            "checkpoints/sft"
+        ),
+        experiment: Annotated[str, typer.Option(help="trainer.experiment_name.")] = "sft",
+        dry_run: Annotated[
+            bool, typer.Option("--dry-run", help="Compose, convert and check; start nothing.")
+        ] = False,
+    ) -> None:
+        """The supervised stage before RL on verl 0.9.1's SFT trainer."""
+
+    return command(launcher)
 
 
 def conversations(source: Path) -> Iterator[list[dict]]:
@@ -121,7 +135,7 @@ def convert(source: Path, recipe: SFTRecipe) -> tuple[Path, int]:
     return out, len(rows)
 
 
-def overrides(args: argparse.Namespace, recipe: SFTRecipe, train: Path, val: Path | None) -> list[str]:
+def overrides(args: SimpleNamespace, recipe: SFTRecipe, train: Path, val: Path | None) -> list[str]:
     world = args.gpus * args.nodes
     items = [
         f"model.path={args.model}",

@@ -22,7 +22,6 @@ from case_env.core.parts import (
     HeldContext,
     Judged,
     PolicyFactory,
-    ReportParts,
     Synthesis,
     SynthOptions,
     TextBankOptions,
@@ -77,6 +76,7 @@ class CaseReasonEnvironment(
     baselines = ("reader", "symptoms")
     loop_agent = "reader"
     max_turns = evaluation.ATTEMPTS + 2
+    figures = evaluation  # summarise, summary_lines, report
 
     def open_cases(self, data: DataSettings) -> ReasoningCases:
         from case_env.envs.casereason.store import CaseReasonSettings, ReasoningCases
@@ -168,15 +168,6 @@ class CaseReasonEnvironment(
             return SampleReader(reader, 0)  # the row as it is, single turn
 
         return make
-
-    def summarise(self, records: list[dict]) -> dict:
-        return evaluation.summarise(records)
-
-    def summary_lines(self, results: dict) -> list[str]:
-        return evaluation.summary_lines(results)
-
-    def report(self, runs: list[tuple[str, dict]], records: list[dict]) -> ReportParts:
-        return evaluation.report(runs, records)
 
 
 def _submitted(calls: Sequence[ExecutedCall]) -> list[str]:

@@ -27,7 +27,6 @@ from case_env.core.parts import (
     PolicyFactory,
     Recipe,
     Recipes,
-    ReportParts,
     SFTRecipe,
     Synthesis,
     SynthOptions,
@@ -169,6 +168,7 @@ class ClinicEnvironment(
     loop_agent = "clinician"
     floors = ("no-exam",)
     max_turns = 20  # MedExAgent's assistant-turn limit
+    figures = evaluation  # summarise, summary_lines, report
     recipes: ClassVar[dict[str, Recipe]] = {"medexagent": MEDEXAGENT}
     sft_recipes: ClassVar[dict[str, SFTRecipe]] = {"medexagent": MEDEXAGENT_SFT}
     agent_loops: ClassVar[dict[str, str]] = {"medexagent": "case_env.envs.clinic.agent_loop.MedExAgentLoop"}
@@ -322,12 +322,3 @@ class ClinicEnvironment(
     def record_fields(self, item: Item) -> dict:
         noise = item.extra.get("noise") or {}
         return {"noise": noise.get("labels", []), "noise_plan": noise}
-
-    def summarise(self, records: list[dict]) -> dict:
-        return evaluation.summarise(records)
-
-    def summary_lines(self, results: dict) -> list[str]:
-        return evaluation.summary_lines(results)
-
-    def report(self, runs: list[tuple[str, dict]], records: list[dict]) -> ReportParts:
-        return evaluation.report(runs, records)

@@ -31,7 +31,6 @@ from case_env.core.parts import (
     PolicyFactory,
     Recipe,
     Recipes,
-    ReportParts,
     ServerBenchOptions,
     Synthesis,
     SynthOptions,
@@ -113,6 +112,7 @@ class ImagingEnvironment(
     floors = ("random", "no-tool")
     score_extra = ImagingScoreExtra
     max_turns = 32
+    figures = evaluation  # summarise, summary_lines, report
     default = True
     recipes: ClassVar[dict[str, Recipe]] = RECIPES  # CASE's RL stage and its ablations
 
@@ -345,15 +345,6 @@ class ImagingEnvironment(
             "teacher_insight": extra.get("teacher_insight", ""),
             "options": len(extra["options"]),
         }
-
-    def summarise(self, records: list[dict]) -> dict:
-        return evaluation.summarise(records)
-
-    def summary_lines(self, results: dict) -> list[str]:
-        return evaluation.summary_lines(results)
-
-    def report(self, runs: list[tuple[str, dict]], records: list[dict]) -> ReportParts:
-        return evaluation.report(runs, records)
 
     # -- command line ---------------------------------------------------------------------------------
     def cli(self, groups: dict[str, typer.Typer]) -> None:
