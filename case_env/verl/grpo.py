@@ -1,8 +1,8 @@
 """GRPO with multi-turn tools on verl 0.9.1 against a case-env server: scripts/train_grpo.sh runs this.
 
-The options are parsed (`options.py`) and checked, the config composed (`launch.py`), the server found or started, then
-`case-env train preflight` (`preflight.py`) checks the run before verl's `main_ppo` starts; `--dry-run` prints
-the checks' table last and starts nothing (`--print-config`: the composed config too).
+The options are parsed (`options.py`) and checked, the config composed (`launch.py`), the server found or
+started, then `case-env train preflight` (`preflight.py`) checks the run before verl's `main_ppo` starts;
+`--dry-run` prints the checks' table last and starts nothing (`--print-config`: the composed config too).
 """
 
 from __future__ import annotations

@@ -50,8 +50,9 @@ def command(options, drop: tuple[str, ...] = ()):
 
 
 def read(launcher, argv: list[str], prog: str) -> tuple[SimpleNamespace, list[str]]:
-    """`argv` read by the command `launcher`: the options given, and the Hydra overrides left for verl. `--help` prints
-    the help and exits 0; a wrong option names itself and exits 2, as every command of `case-env` does."""
+    """`argv` read by the command `launcher`: the options given, and the Hydra overrides left for verl.
+    `--help` prints the help and exits 0; a wrong option names itself and exits 2, as every command of
+    `case-env` does."""
     try:
         with launcher.make_context(prog, list(argv)) as context:
             unknown = [a for a in context.args if a.startswith("-")]
