@@ -6,6 +6,7 @@ refusals hold at each door."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 from pathlib import Path
@@ -13,6 +14,8 @@ from pathlib import Path
 import httpx
 import httpx2
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from openenv.core.generic_client import GenericEnvClient
@@ -212,6 +215,162 @@ def test_mcp_refuses_another_case_under_a_bound_episode_and_a_missing_token(serv
         timeout=10,
     )
     assert reply.status_code == 401 and json.loads(reply.text)["error"]["code"] == "unauthorized"
+
+
+@pytest.fixture(scope="module")
+def official_calls(server, rows) -> tuple[httpx.Request, list[httpx.Request]]:
+    """The requests the official MCP client sends for an episode on the first row, as sent (headers and
+    all): its `start_episode`, then each tool, a refused organ, an episode never started."""
+    item = next(iter(rows.values()))
+    sent: list[httpx.Request] = []
+
+    async def keep(request) -> None:
+        content = await request.aread()
+        sent.append(
+            httpx.Request(request.method, str(request.url), headers=dict(request.headers), content=content)
+        )
+
+    async def session() -> None:
+        http = httpx2.AsyncClient(headers=AUTH, timeout=30, event_hooks={"request": [keep]})
+        async with Client(streamable_http_client(f"{server.url}/mcp/imaging/", http_client=http)) as client:
+            await client.call_tool("start_episode", {"row": item.key, "episode_id": "front-0"})
+            for tool, arguments in episode_calls(random.Random(11)):
+                await client.call_tool(tool, {**arguments, "episode_id": "front-0"})
+            await client.call_tool("get_organ_volume", {"episode_id": "front-0", "organ": "brain"})
+            await client.call_tool("list_visits", {"episode_id": "never-started"})
+
+    asyncio.run(session())
+    calls = [r for r in sent if b'"tools/call"' in r.content]
+    return calls[0], calls[1:]
+
+
+def fresh_episode(official_calls, episode_id: str) -> None:
+    """Start (or start again, with no calls) the episode `episode_id` on the first row."""
+    start = official_calls[0]
+    body = json.loads(start.content)
+    body["params"]["arguments"]["episode_id"] = episode_id
+    reply = httpx.post(str(start.url), headers=without_length(start.headers), json=body, timeout=30)
+    assert reply.status_code == 200 and b'"isError":false' in reply.content
+
+
+def without_length(headers) -> dict:
+    return {k: v for k, v in headers.items() if k.lower() != "content-length"}
+
+
+@contextlib.contextmanager
+def sdk_only(server):
+    """The MCP endpoint without its front: every request answered by the SDK's own endpoint."""
+    front = server.app.fronts.pop("/mcp/imaging/")
+    try:
+        yield
+    finally:
+        server.app.fronts["/mcp/imaging/"] = front
+
+
+def both_ways(server, official_calls, request: httpx.Request, episode_id: str) -> tuple[tuple, tuple]:
+    """(status, body) of `request` with the front and without it, each on a fresh episode."""
+    answers = []
+    for front in (True, False):
+        fresh_episode(official_calls, episode_id)
+        with contextlib.nullcontext() if front else sdk_only(server):
+            reply = httpx.post(str(request.url), headers=request.headers, content=request.content, timeout=30)
+        answers.append((reply.status_code, reply.content))
+    return answers[0], answers[1]
+
+
+def test_the_mcp_front_answers_the_official_clients_calls_byte_for_byte_as_the_sdk(
+    server, official_calls, monkeypatch
+):
+    from mcp.server import streamable_http_manager
+
+    served = []
+    sdk_entry = streamable_http_manager.handle_modern_request
+
+    async def counted(*args):
+        served.append(args[4]["path"])
+        await sdk_entry(*args)
+
+    monkeypatch.setattr(streamable_http_manager, "handle_modern_request", counted)
+    calls = official_calls[1]
+    assert len(calls) >= 9 and any(b'"render_' in r.content for r in calls)
+    for request in calls:
+        front, sdk = both_ways(server, official_calls, request, "front-0")
+        assert front == sdk, request.content[:200]
+        assert len(served) == 1, "the front passed a well-formed call to the SDK, or the SDK never ran"
+        served.clear()
+    assert any(b'"type":"image"' in both_ways(server, official_calls, r, "front-0")[0][1] for r in calls)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_any_mcp_request_gets_the_sdks_answer_whether_or_not_the_front_takes_it(server, official_calls, data):
+    """Requests near a well-formed `tools/call`, each part of the envelope and headers changed as a client
+    gets it wrong: with its front, the endpoint answers each exactly as the SDK's own endpoint does."""
+    template = official_calls[1][0]
+    body = json.loads(template.content)
+    headers = without_length(template.headers)
+    episode = f"hyp-{data.draw(st.integers(0, 10**9))}"
+    body["params"]["arguments"] = {"episode_id": episode}
+    params = body["params"]
+    junk = st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(-3, 3),
+        st.floats(allow_nan=False),
+        st.text(max_size=5),
+        st.lists(st.integers(), max_size=2),
+        st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+    )
+    pick = data.draw
+    changes = {
+        "id": lambda: body.update(id=pick(st.one_of(junk, st.just("abc"), st.integers(10**12, 10**13)))),
+        "jsonrpc": lambda: body.update(jsonrpc=pick(st.one_of(junk, st.just("1.0")))),
+        "method": lambda: body.update(method=pick(st.sampled_from(["tools/list", "tools/cal", "ping"]))),
+        "params": lambda: body.update(params=pick(junk)),
+        "extra": lambda: body.update(extra=1),
+        "name": lambda: params.update(name=pick(st.one_of(junk, st.sampled_from(["nope", "read_report"])))),
+        "arguments": lambda: params.update(arguments=pick(junk)),
+        "argument": lambda: params["arguments"].update(
+            {pick(st.sampled_from(["visit", "organ", "x"])): pick(st.one_of(junk, st.just("baseline")))}
+        ),
+        "meta": lambda: params.update(_meta=pick(st.one_of(junk, st.just({})))),
+        "version": lambda: params["_meta"].update(
+            {"io.modelcontextprotocol/protocolVersion": pick(st.sampled_from(["2025-11-25", "2099-01-01"]))}
+        ),
+        "version_header": lambda: headers.update(
+            {"mcp-protocol-version": pick(st.sampled_from(["2099-01-01", "2025-11-25", ""]))}
+        ),
+        "method_header": lambda: headers.update({"mcp-method": pick(st.sampled_from(["tools/list", "x"]))}),
+        "name_header": lambda: headers.update({"mcp-name": pick(st.sampled_from(["read_report", ""]))}),
+        "accept": lambda: headers.update(
+            {
+                "accept": pick(
+                    st.sampled_from(["text/event-stream", "*/*", "application/*;q=0.5", "text/html"])
+                )
+            }
+        ),
+        "param_header": lambda: headers.update({"mcp-param-visit": "baseline"}),
+        "drop_header": lambda: headers.pop(pick(st.sampled_from(["mcp-method", "mcp-name", "accept"]))),
+        "content_type": lambda: headers.update(
+            {"content-type": pick(st.sampled_from(["application/json; charset=utf-8", "text/plain"]))}
+        ),
+        "twice": lambda: repeated.append(
+            pick(
+                st.sampled_from(
+                    [("accept", "text/html"), ("content-type", "text/plain"), ("mcp-method", "x")]
+                )
+            )
+        ),
+    }
+    repeated: list[tuple[str, str]] = []  # headers sent a second time, after the first
+    chosen = pick(st.lists(st.sampled_from(sorted(changes)), max_size=3, unique=True))
+    for change in chosen:
+        with contextlib.suppress(AttributeError, KeyError, TypeError):  # what an earlier change replaced
+            changes[change]()
+    lines = [*headers.items(), *repeated]
+    request = httpx.Request("POST", template.url, headers=lines, content=json.dumps(body).encode())
+    front, sdk = both_ways(server, official_calls, request, episode)
+    assert front == sdk, (chosen, body, headers)
 
 
 def test_the_doors_are_in_the_openapi_document_which_stays_valid(server):

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI
 
 from case_env.core.environment import Environment
+from case_env.server.fastpath import ToolServer
 from case_env.server.settings import ServerSettings
 
 EXTRAS = {"openenv": "openenv", "mcp": "mcp"}  # door -> the extra that brings its dependencies
@@ -22,13 +23,13 @@ class DoorUnavailableError(RuntimeError):
     """A door was asked for whose extra is not installed."""
 
 
-def install(app: FastAPI, settings: ServerSettings, hosted: dict[str, Environment]) -> list:
+def install(app: ToolServer, settings: ServerSettings, hosted: dict[str, Environment]) -> list:
     """Mount the doors the settings name; returns what the lifespan runs (OpenEnv apps, MCP servers)."""
     mounted: list = []
     for door in settings.doors:
         try:
             module = importlib.import_module(f"case_env.server.doors.{door}")
-        except ImportError as exc:
+        except ModuleNotFoundError as exc:  # a module missing, not a name moved inside one
             raise DoorUnavailableError(
                 f"the {door} door needs its extra ({exc.name} is missing): pip install 'case-env[{EXTRAS[door]}]'"
             ) from None

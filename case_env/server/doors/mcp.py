@@ -8,25 +8,48 @@ MCP's current protocol (2026-07-28) keeps no session between requests, so every 
 `episode_id` as one more argument; calls run within that episode's case through the tool route
 (`doors.episodes`), images come back as MCP image content, and the server's bearer token guards the endpoint
 like every other route.
+
+A well-formed `tools/call` is answered in front of FastAPI and the SDK's per-request machinery (`CaseMCP.front`,
+through `case_env.server.fastpath`): the SDK's own checks, handler and result shaping, without the request,
+connection and runner objects it builds for every call, which cost more CPU than the call itself (figures in
+docs/performance.md). Anything else, and any request those checks would refuse, goes to the SDK's endpoint.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
 import mcp_types as types
-from fastapi import FastAPI
 from mcp.server.lowlevel.server import Server
+from mcp.server.runner import modern_error_data
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
+from mcp.shared.exceptions import MCPError
+from mcp.shared.inbound import (
+    ERROR_CODE_HTTP_STATUS,
+    MCP_PROTOCOL_VERSION_HEADER,
+    InboundModernRoute,
+    classify_inbound_request,
+)
+from mcp_types import INTERNAL_ERROR, SERVER_INFO_META_KEY, methods
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import ValidationError
+from starlette.types import Scope
 
 from case_env.core.environment import Environment
 from case_env.server.doors.episodes import DoorEpisode, DoorError
+from case_env.server.fastpath import Answer, ToolServer
+from case_env.server.routes.tools import with_images
+from case_env.server.state import ServerState
 
+log = logging.getLogger("case_env.server")
 START, FINISH, EPISODE = "start_episode", "finish_episode", "episode_id"
+CALL = "tools/call"
+_ACCEPTED = frozenset({"application/json", "application/*", "*/*"})  # an Accept the SDK reads as taking JSON
 START_DOC = (
     "Start an episode on a bank row (row, or split and index) or a case (case_id); returns its episode_id, "
     "which every other tool takes, and the row's prompt."
@@ -76,7 +99,7 @@ def _text(text: str, error: bool = False, **structured: Any) -> types.CallToolRe
 class CaseMCP:
     """One environment's MCP server and the episodes it started, by id."""
 
-    def __init__(self, app: FastAPI, env: Environment, max_sessions: int, idle_s: float):
+    def __init__(self, app: ToolServer, env: Environment, max_sessions: int, idle_s: float):
         self.app, self.env = app, env
         self.episodes: dict[str, DoorEpisode] = {}
         self.kept = 2 * max_sessions
@@ -98,6 +121,7 @@ class CaseMCP:
             session_idle_timeout=idle_s,
             max_sessions=max_sessions,
         )
+        self.stamp = self.server.server_info_stamp  # what the SDK adds to each result's `_meta`
 
     def tools(self) -> list[types.Tool]:
         """The listing, built once: the tools and their schemas are fixed when the server starts."""
@@ -155,6 +179,49 @@ class CaseMCP:
         ]
         return types.CallToolResult(content=content, is_error=not reply.ok)
 
+    async def front(self, state: ServerState, scope: Scope, body: bytes) -> Answer | None:
+        """A `tools/call` at a modern protocol version answered as the SDK's endpoint answers it, or None for
+        a request the SDK's checks would not pass as they stand (it then answers, or refuses, itself)."""
+        version = _routing(scope["headers"])
+        if version is None or len(body) > self.sessions.max_request_body_size:
+            return None
+        try:
+            request = json.loads(body)
+        except (ValueError, RecursionError):
+            return None
+        if not _tool_call(request):
+            return None
+        routing = {k.decode(): v.decode("latin-1") for k, v in scope["headers"] if k.startswith(b"mcp-")}
+        if not isinstance(classify_inbound_request(request, headers=routing), InboundModernRoute):
+            return None
+        try:  # the SDK's two validations of a call's params, in its order
+            methods.validate_client_request(CALL, version, request["params"])
+            params = types.CallToolRequestParams.model_validate(request["params"], by_name=False)
+        except (ValidationError, KeyError, ValueError):
+            return None
+        try:
+            result = await self.call_tool(None, params)
+        except Exception as exc:  # as the SDK's endpoint maps a handler's failure
+            return _error(request["id"], exc)
+        try:  # the SDK runner's shaping: the version's result surface, `resultType`, the serverInfo stamp
+            shaped = methods.serialize_server_result(
+                CALL, version, result.model_dump(by_alias=True, mode="json", exclude_none=True)
+            )
+        except ValidationError:
+            log.exception("%s returned an invalid result", params.name)
+            return _error(
+                request["id"], MCPError(code=INTERNAL_ERROR, message="Handler returned an invalid result")
+            )
+        if shaped.get("resultType") is None:
+            shaped["resultType"] = "complete"
+        shaped["_meta"] = {SERVER_INFO_META_KEY: self.stamp}
+        images = [item for item in shaped.get("content") or () if item.get("type") == "image"]
+        encoded = [item["data"].encode() for item in images]  # spliced in, not scanned for escapes
+        for item in images:
+            item["data"] = ""  # in its place: the key order is the SDK's
+        payload = _json({"jsonrpc": "2.0", "id": request["id"], "result": shaped})
+        return 200, None, with_images(payload, encoded, b"data") if encoded else payload
+
     def _start(self, arguments: dict) -> types.CallToolResult:
         index = arguments.get("index")
         if index is not None and (not isinstance(index, int) or isinstance(index, bool)):
@@ -178,11 +245,61 @@ class CaseMCP:
             yield
 
 
-def install(app: FastAPI, hosted: dict[str, Environment], max_sessions: int, idle_s: float) -> list[CaseMCP]:
-    """Mount each environment's MCP endpoint at /mcp/<env>/; the lifespan runs each one's session manager."""
+def _routing(headers: list[tuple[bytes, bytes]]) -> str | None:
+    """The modern protocol version a request names, if its headers pass as the SDK's endpoint checks them:
+    an Accept taking JSON, each routing header once, no `Mcp-Param-*` header (checked against a schema)."""
+    version = accept = None
+    seen = set()
+    for name, value in headers:
+        if name.startswith(b"mcp-"):
+            if name in seen or name.startswith(b"mcp-param-"):
+                return None
+            seen.add(name)
+            if name == _VERSION:
+                version = value.decode("latin-1")
+        elif name == b"accept" and accept is None:  # the first, as Starlette's headers read it
+            accept = value.decode("latin-1")
+    if version not in MODERN_PROTOCOL_VERSIONS or accept is None:
+        return None
+    kinds = {kind.split(";")[0].strip().lower() for kind in accept.split(",")}
+    return version if kinds & _ACCEPTED else None
+
+
+def _tool_call(request: Any) -> bool:
+    """Whether a decoded body is one JSON-RPC `tools/call` request, its envelope as the SDK's model reads it."""
+    return (
+        isinstance(request, dict)
+        and request.keys() == {"jsonrpc", "id", "method", "params"}
+        and request["jsonrpc"] == "2.0"
+        and type(request["id"]) in (int, str)
+        and request["method"] == CALL
+        and isinstance(request["params"], dict)
+    )
+
+
+def _json(document: dict) -> bytes:
+    return json.dumps(document, separators=(",", ":")).encode()
+
+
+def _error(request_id: int | str, exc: Exception) -> Answer:
+    """A failed call's JSON-RPC error and HTTP status, as the SDK's endpoint writes them."""
+    error = types.JSONRPCError(jsonrpc="2.0", id=request_id, error=modern_error_data(exc))
+    status = ERROR_CODE_HTTP_STATUS.get(error.error.code, 200)
+    return status, None, _json(error.model_dump(mode="json", by_alias=True, exclude_none=True))
+
+
+_VERSION = MCP_PROTOCOL_VERSION_HEADER.encode()
+
+
+def install(
+    app: ToolServer, hosted: dict[str, Environment], max_sessions: int, idle_s: float
+) -> list[CaseMCP]:
+    """Mount each environment's MCP endpoint at /mcp/<env>/, its `tools/call` answered in front; the lifespan
+    runs each one's session manager."""
     servers = []
     for name, env in hosted.items():
         server = CaseMCP(app, env, max_sessions, idle_s)
         app.mount(f"/mcp/{name}", StreamableHTTPASGIApp(server.sessions))
+        app.front(f"/mcp/{name}/", server.front)
         servers.append(server)
     return servers

@@ -83,7 +83,7 @@ class Outcome:
     digest: str | None = None
     headers: Mapping[str, str] | None = None  # Retry-After of a refusal; None, not a new dict per call
     bound: bool = False  # the episode is bound to this call's case: record the call there
-    encoded: tuple[bytes, ...] = ()  # each image's base64, spliced into the answer (`_with_images`)
+    encoded: tuple[bytes, ...] = ()  # each image's base64, spliced into the answer (`with_images`)
     sampled: bool = False  # a sample, not the call's function: neither cached nor shared with its twins
     fallback: str | None = None  # the tool's model failed and its rules answered (ToolResult.fallback)
 
@@ -225,23 +225,22 @@ def answer_json(outcome: Outcome, tool: str, episode_id: str, latency_ms: float)
     (`tests/test_server_api.py` checks it) in a fifth of the time: `model_construct` alone cost 3 % of a
     cheap call (py-spy profile)."""
     body = pydantic_core.to_json(answer_fields(outcome, tool, episode_id, latency_ms))
-    return _with_images(body, outcome.encoded) if outcome.encoded else body
+    return with_images(body, outcome.encoded) if outcome.encoded else body
 
 
-_EMPTY_IMAGE = b'"data_b64":""'
-
-
-def _with_images(body: bytes, encoded: tuple[bytes, ...]) -> bytes:
-    """The answer's JSON with each image's base64 in the place of its empty `data_b64`. Base64 needs no
-    JSON escaping, so this is the JSON the serialiser gives for the whole text, without it scanning 30 KB
-    of base64 for characters to escape (3 % of a render, py-spy profile). The empty field cannot occur
-    elsewhere: inside a JSON string every quote is escaped."""
-    parts = body.split(_EMPTY_IMAGE)
+def with_images(body: bytes, encoded: Sequence[bytes], field: bytes = b"data_b64") -> bytes:
+    """JSON with each image's base64 in the place of its empty `field`, in order. Base64 needs no JSON
+    escaping, so this is the JSON the serialiser gives for the whole text, without it scanning 30 KB of
+    base64 for characters to escape (3 % of a render, py-spy profile). An empty field cannot occur inside a
+    string (there every quote is escaped), so it is an image's unless a caller's own keys hold one: the
+    count is checked."""
+    empty = b'"%s":""' % field
+    parts = body.split(empty)
     if len(parts) != len(encoded) + 1:
         raise RuntimeError(f"{len(parts) - 1} image fields in the answer for {len(encoded)} images")
     spliced = [parts[0]]
     for data, rest in zip(encoded, parts[1:], strict=True):
-        spliced += [b'"data_b64":"', data, b'"', rest]
+        spliced += [empty[:-1], data, b'"', rest]
     return b"".join(spliced)
 
 
