@@ -88,12 +88,15 @@ def _scoped(parameters: dict) -> dict:
     }
 
 
-def _text(text: str, error: bool = False, **structured: Any) -> types.CallToolResult:
-    return types.CallToolResult(
-        content=[types.TextContent(type="text", text=text)],
-        is_error=error,
-        structured_content=structured or None,
-    )
+def _result(text: str, error: bool = False, images: list[dict] | None = None, **structured: Any) -> dict:
+    """A tool's result in MCP's wire form, which the SDK's runner (or the front, with the SDK's function)
+    checks against the protocol's result type and shapes."""
+    content = [{"type": "text", "text": text}]
+    content += [{"type": "image", "data": i["data_b64"], "mimeType": i["mime"]} for i in images or ()]
+    result: dict[str, Any] = {"content": content, "isError": error, "resultType": "complete"}
+    if structured:
+        result["structuredContent"] = structured
+    return result
 
 
 class CaseMCP:
@@ -155,7 +158,7 @@ class CaseMCP:
         self.tools()
         return self._schemas.get(name)
 
-    async def call_tool(self, ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+    async def call_tool(self, ctx: Any, params: types.CallToolRequestParams) -> dict[str, Any]:
         arguments = dict(params.arguments or {})
         try:
             if params.name == START:
@@ -168,30 +171,25 @@ class CaseMCP:
                 )
             if params.name == FINISH:
                 reward = await episode.finish(str(arguments.get("answer", "")))
-                return _text(json.dumps(reward, default=str), **reward)
+                return _result(json.dumps(reward, default=str), **reward)
             reply = await episode.call(params.name, arguments)
         except DoorError as exc:
-            return _text(f"Error: {exc}", error=True)
-        content: list[Any] = [types.TextContent(type="text", text=reply.model_text())]
-        content += [
-            types.ImageContent(type="image", data=image["data_b64"], mime_type=image["mime"])
-            for image in reply.payload.get("images") or []
-        ]
-        return types.CallToolResult(content=content, is_error=not reply.ok)
+            return _result(f"Error: {exc}", error=True)
+        return _result(reply.model_text(), not reply.ok, reply.payload.get("images"))
 
     async def front(self, state: ServerState, scope: Scope, body: bytes) -> Answer | None:
         """A `tools/call` at a modern protocol version answered as the SDK's endpoint answers it, or None for
         a request the SDK's checks would not pass as they stand (it then answers, or refuses, itself)."""
-        version = _routing(scope["headers"])
-        if version is None or len(body) > self.sessions.max_request_body_size:
+        routed = _routing(scope["headers"])
+        if routed is None or len(body) > self.sessions.max_request_body_size:
             return None
+        version, routing = routed
         try:
             request = json.loads(body)
         except (ValueError, RecursionError):
             return None
         if not _tool_call(request):
             return None
-        routing = {k.decode(): v.decode("latin-1") for k, v in scope["headers"] if k.startswith(b"mcp-")}
         if not isinstance(classify_inbound_request(request, headers=routing), InboundModernRoute):
             return None
         try:  # the SDK's two validations of a call's params, in its order
@@ -203,17 +201,13 @@ class CaseMCP:
             result = await self.call_tool(None, params)
         except Exception as exc:  # as the SDK's endpoint maps a handler's failure
             return _error(request["id"], exc)
-        try:  # the SDK runner's shaping: the version's result surface, `resultType`, the serverInfo stamp
-            shaped = methods.serialize_server_result(
-                CALL, version, result.model_dump(by_alias=True, mode="json", exclude_none=True)
-            )
+        try:  # the SDK runner's shaping: the version's result surface, then the serverInfo stamp
+            shaped = methods.serialize_server_result(CALL, version, result)
         except ValidationError:
             log.exception("%s returned an invalid result", params.name)
             return _error(
                 request["id"], MCPError(code=INTERNAL_ERROR, message="Handler returned an invalid result")
             )
-        if shaped.get("resultType") is None:
-            shaped["resultType"] = "complete"
         shaped["_meta"] = {SERVER_INFO_META_KEY: self.stamp}
         images = [item for item in shaped.get("content") or () if item.get("type") == "image"]
         encoded = [item["data"].encode() for item in images]  # spliced in, not scanned for escapes
@@ -222,7 +216,7 @@ class CaseMCP:
         payload = _json({"jsonrpc": "2.0", "id": request["id"], "result": shaped})
         return 200, None, with_images(payload, encoded, b"data") if encoded else payload
 
-    def _start(self, arguments: dict) -> types.CallToolResult:
+    def _start(self, arguments: dict) -> dict[str, Any]:
         index = arguments.get("index")
         if index is not None and (not isinstance(index, int) or isinstance(index, bool)):
             raise DoorError(f"index must be an integer, not {index!r}")
@@ -237,7 +231,7 @@ class CaseMCP:
         while len(self.episodes) > self.kept:  # episodes never finished: the oldest go first
             del self.episodes[next(iter(self.episodes))]
         listing = {EPISODE: episode.episode_id, "case_id": episode.case_id, "tools": episode.tools}
-        return _text(json.dumps({**listing, "prompt": episode.prompt}), **listing, prompt=episode.prompt)
+        return _result(json.dumps({**listing, "prompt": episode.prompt}), **listing, prompt=episode.prompt)
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
@@ -245,24 +239,25 @@ class CaseMCP:
             yield
 
 
-def _routing(headers: list[tuple[bytes, bytes]]) -> str | None:
-    """The modern protocol version a request names, if its headers pass as the SDK's endpoint checks them:
-    an Accept taking JSON, each routing header once, no `Mcp-Param-*` header (checked against a schema)."""
-    version = accept = None
-    seen = set()
+def _routing(headers: list[tuple[bytes, bytes]]) -> tuple[str, dict[str, str]] | None:
+    """The modern protocol version a request names and its `Mcp-*` headers, if they pass as the SDK's
+    endpoint checks them: an Accept taking JSON, each once, none of them `Mcp-Param-*` (checked against a
+    schema)."""
+    accept = None
+    routing: dict[str, str] = {}
     for name, value in headers:
         if name.startswith(b"mcp-"):
-            if name in seen or name.startswith(b"mcp-param-"):
+            key = name.decode("latin-1")
+            if key in routing or name.startswith(b"mcp-param-"):
                 return None
-            seen.add(name)
-            if name == _VERSION:
-                version = value.decode("latin-1")
+            routing[key] = value.decode("latin-1")
         elif name == b"accept" and accept is None:  # the first, as Starlette's headers read it
             accept = value.decode("latin-1")
+    version = routing.get(MCP_PROTOCOL_VERSION_HEADER)
     if version not in MODERN_PROTOCOL_VERSIONS or accept is None:
         return None
     kinds = {kind.split(";")[0].strip().lower() for kind in accept.split(",")}
-    return version if kinds & _ACCEPTED else None
+    return (version, routing) if kinds & _ACCEPTED else None
 
 
 def _tool_call(request: Any) -> bool:
@@ -286,9 +281,6 @@ def _error(request_id: int | str, exc: Exception) -> Answer:
     error = types.JSONRPCError(jsonrpc="2.0", id=request_id, error=modern_error_data(exc))
     status = ERROR_CODE_HTTP_STATUS.get(error.error.code, 200)
     return status, None, _json(error.model_dump(mode="json", by_alias=True, exclude_none=True))
-
-
-_VERSION = MCP_PROTOCOL_VERSION_HEADER.encode()
 
 
 def install(
