@@ -26,6 +26,7 @@ from typing import Any
 import mcp_types as types
 from mcp.server.lowlevel.server import Server
 from mcp.server.runner import modern_error_data
+from mcp.server.streamable_http import check_accept_headers
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
@@ -38,6 +39,7 @@ from mcp.shared.inbound import (
 from mcp_types import INTERNAL_ERROR, SERVER_INFO_META_KEY, methods
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
+from starlette.requests import Request
 from starlette.types import Scope
 
 from case_env.core.environment import Environment
@@ -49,7 +51,6 @@ from case_env.server.state import ServerState
 log = logging.getLogger("case_env.server")
 START, FINISH, EPISODE = "start_episode", "finish_episode", "episode_id"
 CALL = "tools/call"
-_ACCEPTED = frozenset({"application/json", "application/*", "*/*"})  # an Accept the SDK reads as taking JSON
 START_DOC = (
     "Start an episode on a bank row (row, or split and index) or a case (case_id); returns its episode_id, "
     "which every other tool takes, and the row's prompt."
@@ -180,7 +181,7 @@ class CaseMCP:
     async def front(self, state: ServerState, scope: Scope, body: bytes) -> Answer | None:
         """A `tools/call` at a modern protocol version answered as the SDK's endpoint answers it, or None for
         a request the SDK's checks would not pass as they stand (it then answers, or refuses, itself)."""
-        routed = _routing(scope["headers"])
+        routed = _routing(scope)
         if routed is None or len(body) > self.sessions.max_request_body_size:
             return None
         version, routing = routed
@@ -239,25 +240,21 @@ class CaseMCP:
             yield
 
 
-def _routing(headers: list[tuple[bytes, bytes]]) -> tuple[str, dict[str, str]] | None:
+def _routing(scope: Scope) -> tuple[str, dict[str, str]] | None:
     """The modern protocol version a request names and its `Mcp-*` headers, if they pass as the SDK's
-    endpoint checks them: an Accept taking JSON, each once, none of them `Mcp-Param-*` (checked against a
-    schema)."""
-    accept = None
+    endpoint checks them: an Accept taking JSON (the SDK's own reading), each header once, none of them
+    `Mcp-Param-*` (checked against a schema)."""
     routing: dict[str, str] = {}
-    for name, value in headers:
+    for name, value in scope["headers"]:
         if name.startswith(b"mcp-"):
             key = name.decode("latin-1")
             if key in routing or name.startswith(b"mcp-param-"):
                 return None
             routing[key] = value.decode("latin-1")
-        elif name == b"accept" and accept is None:  # the first, as Starlette's headers read it
-            accept = value.decode("latin-1")
     version = routing.get(MCP_PROTOCOL_VERSION_HEADER)
-    if version not in MODERN_PROTOCOL_VERSIONS or accept is None:
+    if version not in MODERN_PROTOCOL_VERSIONS or not check_accept_headers(Request(scope))[0]:
         return None
-    kinds = {kind.split(";")[0].strip().lower() for kind in accept.split(",")}
-    return (version, routing) if kinds & _ACCEPTED else None
+    return version, routing
 
 
 def _tool_call(request: Any) -> bool:
