@@ -18,7 +18,7 @@ DEMO_CLINIC   ?= data/clinic
 DEMO_REASON   ?= data/casereason
 DEMO_REAL     ?= data/ukb
 
-.PHONY: demo demo-real test reliability lint format bench-data clean browser train-env
+.PHONY: demo demo-real test reliability lint format bench-data clean browser redis train-env
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -119,12 +119,12 @@ train-env:
 	@echo "train-env: $(TRAIN_VENV) ready; next: PYTHON=$(TRAIN_VENV)/bin/python scripts/train_grpo.sh --dry-run ..."
 
 # A crash of the interpreter (a native library's thread at exit) prints every thread's Python stack.
-test: $(STAMP) $(VF_VENV)/.installed lint browser
+test: $(STAMP) $(VF_VENV)/.installed lint browser redis
 	PYTHONFAULTHANDLER=1 $(BIN)/python -m pytest
 
 # The reliability suite at full scale: fuzzing, hostile input, reward hacking, scope and auth,
 # a 2,000-call burst, kill -9 under verl, a 50,000-call soak, corrupt data. `make test` runs it at CI scale.
-reliability: $(STAMP)
+reliability: $(STAMP) redis
 	CASE_ENV_RELIABILITY=full CASE_ENV_RELIABILITY_OUT=reliability.json $(BIN)/python -m pytest tests/reliability -q
 	@echo "figures: reliability.json"
 
@@ -132,6 +132,12 @@ reliability: $(STAMP)
 browser:
 	@command -v chromium >/dev/null || { apt-get update -q && DEBIAN_FRONTEND=noninteractive \
 		apt-get install -y -q --no-install-recommends chromium fonts-dejavu-core; }
+
+# The replica tests run real redis-server processes (Debian's package; needs root to install), one per test
+# module, on free loopback ports: nothing is left running.
+redis:
+	@command -v redis-server >/dev/null || { apt-get update -q && DEBIAN_FRONTEND=noninteractive \
+		apt-get install -y -q --no-install-recommends redis-server; }
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -217,7 +217,7 @@ def serve(
 
     import uvicorn
 
-    from case_env.server.http import PROTOCOL
+    from case_env.server.connections import PROTOCOL
 
     _serve_options(data_root, host, port, workers, audit_log, replay, cases, protocols, banks)
     settings, data = _served_settings()
@@ -238,7 +238,7 @@ def serve(
             workers=settings.workers,
             log_level=log_level,
             access_log=access_log,
-            http=PROTOCOL,  # each answer in one write (case_env/server/http.py)
+            http=PROTOCOL,  # uvicorn's httptools with deadlines and a bounded head (server/connections.py)
             # the OpenEnv door's observations are mostly base64 PNG, which deflate cannot shrink: compressing
             # them cost a quarter of the door's server CPU (py-spy), for nothing on loopback or a cluster's LAN
             ws_per_message_deflate=False,

@@ -14,7 +14,7 @@ from case_env.core import registry
 from case_env.core.environment import Environment
 from case_env.core.tools import ToolSpec
 from case_env.server.app import create_app
-from case_env.server.http import PROTOCOL
+from case_env.server.connections import PROTOCOL
 from case_env.server.settings import ServerSettings
 from case_env.settings import DataSettings
 

@@ -265,33 +265,36 @@ def test_submit_diagnosis_on_the_live_server(dataset, tmp_path):
     write_cases(12, 0, tmp_path / "cases" / "c.jsonl")
     case = read_file(tmp_path / "cases" / "c.jsonl").cases[0]
 
-    def post(diagnosis, submissions, attempts=3, episode="ep-sub"):
+    def post(diagnosis, attempts=3, episode="ep-sub"):
         body = {
             "episode_id": episode,
             "patient_id": case.case_id,
             "arguments": {"diagnosis": diagnosis},
-            "context": {"submissions": submissions, "attempts": attempts},
+            "context": {"attempts": attempts},
         }
         import httpx
 
         return httpx.post(f"{server.url}/v1/tools/submit_diagnosis", json=body, timeout=10).json()
 
     with env(CASE_ENV_CASEREASON_CASES=tmp_path / "cases"), live_server(dataset, tmp_path) as server:
-        assert post("migraine", [])["text"] == (
+        assert post("migraine")["text"] == (
             "Incorrect. Reconsider the case and submit a different diagnosis (1 of 3 attempts used)."
         )
-        assert post("gout", ["migraine"])["text"].startswith("Incorrect. Reconsider")
-        last = post("lupus", ["migraine", "gout"])["text"]
+        assert post("gout")["text"].startswith("Incorrect. Reconsider")
+        last = post("lupus")["text"]
         assert last == "Incorrect. That was the last of 3 attempts; give your final answer."
-        # the budget is spent on the server's record of the episode, whatever the context claims
-        assert post(case.diagnosis, [])["text"] == "No attempts left (3 of 3 used). Give your final answer."
-        right = post(case.diagnosis.upper(), [], episode="ep-right")["text"]
+        # the budget is spent on the server's record of the episode
+        assert post(case.diagnosis)["text"] == "No attempts left (3 of 3 used). Give your final answer."
+        # and the episode keeps the budget it started with: another is refused, not taken
+        bigger = post(case.diagnosis, attempts=10)
+        assert "started with other settings" in bigger["error"]["message"]
+        right = post(case.diagnosis.upper(), episode="ep-right")["text"]
         assert right == "Correct. Give this diagnosis as your final answer."
         assert all(
-            case.diagnosis.lower() not in post(x, [], episode=f"ep-{x}")["text"].lower()
+            case.diagnosis.lower() not in post(x, episode=f"ep-{x}")["text"].lower()
             for x in ("gout", "lupus")
         )
-        other = post("x", [], episode="ep-img")
+        other = post("x", episode="ep-img")
         assert other["ok"] and "Incorrect" in other["text"]
         import httpx
 

@@ -61,22 +61,22 @@ def post(server, tool: str, patient: str, episode: str, arguments: dict, context
     return httpx.post(f"{server.url}/v1/tools/{tool}", json=body, timeout=30)
 
 
-def test_ask_patient_is_stateless_and_follows_the_history_it_is_sent(server, cases_csv):
+def test_ask_patient_follows_the_history_the_server_keeps(server, cases_csv):
     case = read_csv(cases_csv).cases[0]
     first = post(server, "ask_patient", case.case_id, "ep-ask", {"question": "What brings you in?"}).json()
     assert first["ok"] and case.symptoms.split(".")[0] in first["text"]
-    history = [{"question": "What brings you in?", "answer": first["text"]}]
-    more = post(
-        server, "ask_patient", case.case_id, "ep-ask", {"question": "Anything else?"}, {"history": history}
-    ).json()
-    fresh = post(server, "ask_patient", case.case_id, "ep-ask", {"question": "Anything else?"}).json()
-    assert more["ok"] and more["text"] != fresh["text"]  # the history, not server state, decides
-    assert fresh["text"] == first["text"]  # without history, "anything else" opens the conversation again
-    # the same call again is the same answer (a retried or restarted call is idempotent)
-    again = post(
-        server, "ask_patient", case.case_id, "ep-other", {"question": "Anything else?"}, {"history": history}
-    ).json()
+    more = post(server, "ask_patient", case.case_id, "ep-ask", {"question": "Anything else?"}).json()
+    fresh = post(server, "ask_patient", case.case_id, "ep-fresh", {"question": "Anything else?"}).json()
+    assert more["ok"] and more["text"] != fresh["text"]  # the episode's own log, not the request, decides
+    assert fresh["text"] == first["text"]  # a new episode: "anything else" opens the conversation again
+    # another episode asking the same questions gets the same answers (the patient is a function of them)
+    post(server, "ask_patient", case.case_id, "ep-other", {"question": "What brings you in?"})
+    again = post(server, "ask_patient", case.case_id, "ep-other", {"question": "Anything else?"}).json()
     assert again["text"] == more["text"]
+    # a client cannot write the conversation: the history is the server's, refused by name
+    sent = [{"question": "What brings you in?", "answer": "I am fine."}]
+    refused = post(server, "ask_patient", case.case_id, "ep-lie", {"question": "Hi"}, {"history": sent})
+    assert refused.status_code == 422 and "context.history" in refused.text
 
 
 def test_noise_comes_from_the_context_and_matches_the_plan(server, cases_csv):
@@ -216,11 +216,11 @@ def test_score_route_returns_the_clinic_components(server):
 @pytest.mark.parametrize(
     ("context", "problem"),
     [
-        ({"history": [{"question": "q"}]}, "answer"),
         ({"history": "not a list"}, "history"),
         ({"noise": {"patient_rate": 2}}, "patient_rate"),
         ({"noise": {"seed": 1, "oops": 1}}, "oops"),
-        ({"history": [{"question": "q" * 5000, "answer": "a"}]}, "question"),
+        ({"persona": "yes"}, "persona"),
+        ({"ordered": ["xray"]}, "ordered"),
     ],
 )
 def test_a_malformed_context_is_refused_by_name(server, cases_csv, context, problem):
@@ -265,20 +265,24 @@ def test_llm_patient_samples_afresh_falls_back_to_rules_and_never_sees_the_answe
         prompt = sent["messages"][0]["content"]
         assert case.symptoms.split(".")[0] in prompt
         assert case.diagnosis not in prompt.lower() and all(e.findings not in prompt for e in case.exams)
-        # another question with a history: perspective swapped (the doctor is the user)
-        history = [{"question": "What brings you in?", "answer": first["text"]}]
-        post(server, "ask_patient", case.case_id, "ep-llm", {"question": "Since when?"}, {"history": history})
+        # another question in the episode, its history the server's: perspective swapped (the doctor is the
+        # user)
+        post(
+            server, "ask_patient", case.case_id, "ep-llm", {"question": "Since when?"}, {"noise": {"seed": 1}}
+        )
         assert [m["role"] for m in chat.requests[-1]["messages"]] == ["system", "user", "assistant", "user"]
         # it hears of every exam ordered (never its findings), where it was ordered
-        ordered = {
-            "history": [{**history[0], "ordered": ["CT scan (region chest, contrast yes)"]}],
-            "ordered": ["complete blood count"],
-        }
-        post(server, "ask_patient", case.case_id, "ep-llm", {"question": "Any pain?"}, ordered)
+        for tool, arguments in (
+            ("ct", {"region": "chest", "contrast": "yes"}),
+            ("ask_patient", {"question": "What brings you in?"}),
+            ("cbc", {}),
+            ("ask_patient", {"question": "Any pain?"}),
+        ):
+            assert post(server, tool, case.case_id, "ep-ordered", arguments).json()["ok"], tool
         sent = chat.requests[-1]["messages"]
         assert [m["role"] for m in sent] == ["system", "user", "user", "assistant", "user", "user"]
         assert sent[1]["content"] == (
-            "[The doctor has ordered CT scan (region chest, contrast yes). The results have been received.]"
+            "[The doctor has ordered CT scan (contrast yes, region chest). The results have been received.]"
         )
         assert "complete blood count" in sent[4]["content"] and sent[5]["content"] == "Any pain?"
     kept = ScriptedChat(lambda messages: "It started on Monday.")
@@ -522,10 +526,9 @@ def test_exam_answers_are_shared_across_episodes_that_asked_different_questions(
             asked = post(
                 server, "ask_patient", case.case_id, f"ep-{n}", {"question": question}, {"noise": noise}
             )
-            history = [{"question": question, "answer": asked.json()["text"]}]
-            context = {"noise": noise, "history": history}
+            assert asked.json()["ok"]  # each episode's history (the server's) differs from the others'
             answers.append(
-                post(server, exam.name, case.case_id, f"ep-{n}", exam.as_arguments(), context).json()
+                post(server, exam.name, case.case_id, f"ep-{n}", exam.as_arguments(), {"noise": noise}).json()
             )
         assert all(a["ok"] for a in answers) and len({a["text"] for a in answers}) == 1
         scraped = httpx.get(f"{server.url}/metrics", timeout=10).text

@@ -15,7 +15,7 @@ import pytest
 from pydantic import Field
 
 from case_env.core import registry
-from case_env.core.calls import FIELD, ExecutedCall, call_text, chat_call, executed_calls, written_calls
+from case_env.core.calls import FIELD, Call, call_text, chat_call, executed_calls, written_calls
 from case_env.core.tools import ToolError, ToolResult, tool
 from case_env.medicine.exams import EXAMS
 from case_env.reward import score_row
@@ -142,12 +142,10 @@ def test_the_leak_check_catches_each_kind_of_leak(tmp_path):
 
 def test_the_serving_core_is_small_and_parts_are_declared():
     from case_env.core.environment import Environment
-    from case_env.core.parts import Banks, HeldContext
+    from case_env.core.parts import Banks
 
     members = {n for n in [*vars(Environment), *Environment.__annotations__] if not n.startswith("_")}
     assert len(members) <= 12, sorted(members)
-    assert isinstance(registry.get("casereason"), HeldContext)
-    assert not isinstance(registry.get("imaging"), HeldContext)
     assert all(isinstance(env, Banks) for env in registry.environments().values())
 
 
@@ -320,7 +318,7 @@ def test_calls_count_the_same_from_executed_calls_hermes_and_qwen3_coder(turns, 
     assert written_calls(xml) == written_calls(hermes) == [(name, args) for name, args, _ in turns]
     # verl's record of the same episode: the refused order has its error status, the others ran
     ran = [
-        ExecutedCall(n, a, "invalid_arguments" if r == "invalid order" else "ok").record()
+        Call(tool=n, arguments=a, status="invalid_arguments" if r == "invalid order" else "ok").record()
         for n, a, r in turns
     ]
     scores = [

@@ -1,25 +1,22 @@
-"""case-env's HTTP protocol (`case_env.server.http`): the very bytes stock uvicorn sends, a response's head
-and body in one write. Both protocols serve the same raw ASGI app under real uvicorn on loopback, and raw
-sockets send them the same requests: keep-alive, pipelined, streamed, HEAD, 204, `Connection: close`,
-`Expect: 100-continue` and an 8 MB body read slowly."""
+"""case-env's HTTP protocol (`case_env.server.connections`: uvicorn's httptools with deadlines and a
+bounded head) sends the very bytes stock uvicorn sends. Both protocols serve the same raw ASGI app under
+real uvicorn on loopback, and raw sockets send them the same requests: keep-alive, pipelined, streamed,
+HEAD, 204, `Connection: close`, `Expect: 100-continue` and an 8 MB body read slowly. (The deadlines and the
+bound are the reliability suite's: test_slow_clients, test_outside_audit.)"""
 
 from __future__ import annotations
 
 import asyncio
 import re
 import socket
-import threading
 import time
-from typing import ClassVar
 
 import pytest
 
-from case_env.server.http import OneWriteHttpToolsProtocol
+from case_env.server.connections import BoundedHttpToolsProtocol
 from tests.server_harness import serve_app
 
 BIG = bytes(range(256)) * 32768  # 8 MB: more than the socket and uvicorn's buffers hold
-RELEASED = threading.Event()  # /then-busy blocks the event loop until the client has its answer
-RELEASES: list[bool] = []
 
 
 async def app(scope, receive, send):
@@ -55,33 +52,6 @@ async def app(scope, receive, send):
     headers.append((b"content-length", str(len(payload)).encode()))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": payload})
-    if path == "/then-busy":  # more work in the same turn of the loop, after the response is complete
-        RELEASES.append(RELEASED.wait(10))
-
-
-class _Counting:
-    """The socket's transport, counting what reaches it."""
-
-    calls: ClassVar[list[int]] = []
-
-    def __init__(self, transport):
-        self._transport = transport
-
-    def write(self, data):
-        self.calls.append(1)
-        self._transport.write(data)
-
-    def writelines(self, chunks):
-        self.calls.append(len(chunks))
-        self._transport.writelines(chunks)
-
-    def __getattr__(self, name):
-        return getattr(self._transport, name)
-
-
-class CountedProtocol(OneWriteHttpToolsProtocol):
-    def connection_made(self, transport):
-        super().connection_made(_Counting(transport))
 
 
 def _exchange(url: str, requests: list[bytes], pause_s: float = 0.0, expect: bytes | None = None) -> bytes:
@@ -146,32 +116,8 @@ def test_the_same_bytes_as_stock_uvicorn(case):
     requests, options = CASES[case]
     with serve_app(app, http="httptools") as stock:
         expected = _exchange(stock.url, requests, **options)
-    _Counting.calls.clear()
-    with serve_app(app, http=CountedProtocol) as ours:
+    with serve_app(app, http=BoundedHttpToolsProtocol) as ours:
         got = _exchange(ours.url, requests, **options)
     assert got == expected and expected.startswith(b"HTTP/1.1 ")
     if case == "8 MB read slowly":
         assert expected.endswith(BIG)
-
-
-def test_a_response_is_one_write():
-    _Counting.calls.clear()
-    with serve_app(app, http=CountedProtocol) as ours:
-        got = _exchange(ours.url, [_post("/a", b"1"), _post("/a", b"2"), _post("/a", b"3")])
-    assert got.count(b"HTTP/1.1 200 OK") == 3
-    assert _Counting.calls == [2, 2, 2]  # one writev of head and body per response
-
-
-def test_a_complete_response_leaves_before_the_loop_turn_ends():
-    """The app completes a response, then keeps the event loop busy until the client holds the answer: the
-    answer must have left at completion, not at the end of the turn (which would wait for the app)."""
-    RELEASED.clear()
-    RELEASES.clear()
-    with serve_app(app, http=CountedProtocol) as ours:
-        host, port = ours.url.removeprefix("http://").split(":")
-        with socket.create_connection((host, int(port)), timeout=5) as conn:
-            conn.sendall(_get("/then-busy"))
-            answer = conn.recv(65536)
-            RELEASED.set()
-    assert answer.startswith(b"HTTP/1.1 200 OK") and answer.endswith(b'"echo":""}')
-    assert RELEASES == [True]

@@ -1,5 +1,6 @@
-"""`case-env serve --ray --replicas 2` on a local Ray instance (CPU) answers exactly what the plain server
-answers, and holds every episode to one patient across replicas."""
+"""`case-env serve --ray --replicas 2` on a local Ray instance (CPU), its replicas sharing a real Redis:
+they answer exactly what the plain server answers, hold every episode to one patient across replicas, go
+on with an episode when a replica is killed, and answer 503 while Redis is down, binding nothing."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import httpx
 import pytest
 
 from case_env.bench.process import free_port, wait_ready
+from tests.redis_harness import RedisServer
 from tests.server_harness import live_server
 
 CALLS = [
@@ -26,12 +28,20 @@ CALLS = [
 
 
 @pytest.fixture(scope="module")
-def ray_server(dataset, tmp_path_factory):
+def redis(tmp_path_factory):
+    server = RedisServer(tmp_path_factory.mktemp("ray-redis")).start()
+    yield server
+    server.kill()
+
+
+@pytest.fixture(scope="module")
+def ray_server(dataset, tmp_path_factory, redis):
     tmp = tmp_path_factory.mktemp("ray")
     port = free_port()
     env = {
         **os.environ,
         "CASE_ENV_CACHE_DIR": str(tmp / "cache"),
+        "CASE_ENV_STORE": redis.url,
         "RAY_ADDRESS": "",
         "RAY_DISABLE_USAGE_STATS": "1",
         "RAY_USAGE_STATS_ENABLED": "0",
@@ -97,3 +107,34 @@ def test_episode_scope_holds_across_replicas(ray_server):
         refused = _call(ray_server, "list_visits", {}, "scoped", patient="case0002")
         assert refused["status"] == 403 and refused["error"]["code"] == "scope_violation"
         assert _call(ray_server, "list_visits", {}, "scoped", patient="case0001")["ok"]
+
+
+def test_a_killed_replica_leaves_its_episodes_to_the_other(ray_server):
+    assert _call(ray_server, "list_visits", {}, "survivor", patient="case0002")["ok"]
+    replicas = subprocess.run(["pgrep", "-f", "ServeReplica:case-env"], capture_output=True, text=True)
+    pids = [int(p) for p in replicas.stdout.split()]
+    assert len(pids) == 2, replicas.stdout
+    os.kill(pids[0], signal.SIGKILL)
+    refused, kept = [], []
+    for _ in range(6):  # Ray's proxy sends them to the live replica (and starts another)
+        refused.append(_call(ray_server, "list_visits", {}, "survivor", patient="case0001")["status"])
+        kept.append(
+            _call(ray_server, "read_report", {"visit": "baseline"}, "survivor", patient="case0002")["status"]
+        )
+    # never answered for another case; a call the dead replica held may fail, the episode goes on
+    assert set(refused) <= {403, 500, 503} and refused.count(403) >= 4, refused
+    assert set(kept) <= {200, 500, 503} and kept.count(200) >= 4, kept
+    calls = httpx.get(f"{ray_server}/v1/episodes/survivor", timeout=60).json()["calls"]
+    assert calls[0]["tool"] == "list_visits" and {c["tool"] for c in calls} <= {"list_visits", "read_report"}
+
+
+def test_while_redis_is_down_the_replicas_answer_503(ray_server, redis):
+    assert _call(ray_server, "list_visits", {}, "down", patient="case0001")["ok"]
+    redis.kill()
+    try:
+        for _ in range(4):
+            down = _call(ray_server, "list_visits", {}, "down", patient="case0002")
+            assert down["status"] == 503 and down["error"]["code"] == "not_ready"
+    finally:
+        redis.start()
+    assert _call(ray_server, "list_visits", {}, "down", patient="case0002")["status"] == 403

@@ -1,11 +1,11 @@
 """How the load generator reaches a server, by protocol: each rollout holds one `Door` for its whole run.
 
-`case-env` posts to the tool API and `openenv` to a stateless `/step` (the OpenEnv baseline), over the lean
-keep-alive client; `openenv-door` keeps one OpenEnv WebSocket session per rollout (a reset per episode, a
-step per call), as its users' clients do. `mcp-door` posts MCP's own JSON-RPC requests (protocol 2026-07-28,
-sessionless: `start_episode` per episode, then `tools/call`) over the lean client: the official SDK's client
-spends 3.5-13 ms of CPU per call, so 32 of them on the bench's cores starve the server they measure (the
-contract tests use the SDK; here the wire format is the same, as the SDK sends it).
+`case-env` posts to the tool API and `openenv` to a stateless `/step` (the OpenEnv baseline), with aiohttp
+(keep-alive connections from one pool); `openenv-door` keeps one OpenEnv WebSocket session per rollout (a
+reset per episode, a step per call), as its users' clients do. `mcp-door` posts MCP's own JSON-RPC requests
+(protocol 2026-07-28, sessionless: `start_episode` per episode, then `tools/call`) with aiohttp: the official
+SDK's client spends 3.5-13 ms of CPU per call, so 32 of them on the bench's cores starve the server they
+measure (the contract tests use the SDK; here the wire format is the same, as the SDK sends it).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import contextlib
 import json
 from typing import Any
 
-from case_env.bench.client import Client
+import aiohttp
 
 PROTOCOLS = ("case-env", "openenv", "openenv-door", "mcp-door")
 _MCP_VERSION = "2026-07-28"
@@ -23,19 +23,27 @@ _MCP_META = {
     "io.modelcontextprotocol/clientInfo": {"name": "case-env-bench", "version": "0"},
     "io.modelcontextprotocol/clientCapabilities": {},
 }
-_MCP_HEADERS = (
-    f"Accept: application/json, text/event-stream\r\nMcp-Protocol-Version: {_MCP_VERSION}\r\n"
-    "Mcp-Method: tools/call\r\n"
-)
+_MCP_HEADERS = {
+    "Accept": "application/json, text/event-stream",
+    "Mcp-Protocol-Version": _MCP_VERSION,
+    "Mcp-Method": "tools/call",
+}
+FAILURES = (OSError, TimeoutError, aiohttp.ClientError)  # what a call may fail with, besides an HTTP status
+
+
+def session(rollouts: int, timeout_s: float = 60.0) -> aiohttp.ClientSession:
+    """One pool for every rollout: a keep-alive connection each, none of them closed between calls."""
+    connector = aiohttp.TCPConnector(limit=rollouts)
+    return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=timeout_s))
 
 
 class Door:
     """One rollout's way in: `begin` an episode on a case, then `call` its tools; (kind, answer) per call,
     kind being `ok`, `tool_<code>` or `http_<status>`."""
 
-    def __init__(self, url: str, env: str, protocol: str):
+    def __init__(self, url: str, env: str, protocol: str, client: aiohttp.ClientSession):
         self.url, self.env, self.protocol = url, env, protocol
-        self.client = Client(url, timeout_s=60.0)
+        self.client = client
         self.episode = self.case_id = ""
         self._stack = contextlib.AsyncExitStack()
         self._session: Any = None
@@ -84,7 +92,7 @@ class Door:
             target, body = "/step", {"action": {"tool": tool, **body}}
         else:
             target = f"/v1/tools/{tool}"
-        status, payload = await self.client.post_json(target, body)
+        status, payload = await self._post(target, body)
         if status != 200:
             return f"http_{status}", payload
         return ("ok" if b'"ok":true' in payload else f"tool_{_error_code(payload)}"), payload
@@ -98,11 +106,13 @@ class Door:
             "method": "tools/call",
             "params": {"name": tool, "arguments": arguments, "_meta": _MCP_META},
         }
-        headers = f"{_MCP_HEADERS}Mcp-Name: {tool}\r\n"
-        return await self.client.post_json(f"/mcp/{self.env}/", request, headers)
+        return await self._post(f"/mcp/{self.env}/", request, {**_MCP_HEADERS, "Mcp-Name": tool})
+
+    async def _post(self, path: str, body: dict, headers: dict | None = None) -> tuple[int, bytes]:
+        async with self.client.post(self.url + path, json=body, headers=headers) as reply:
+            return reply.status, await reply.read()
 
     async def close(self) -> None:
-        self.client.close()
         with contextlib.suppress(Exception):
             await self._stack.aclose()
 

@@ -3,8 +3,8 @@
 Each virtual rollout plays episodes one after another over a random case with a fresh episode id, as a verl
 rollout does, an episode's calls drawn from one of the environment's mixes (`Benchmarks.bench_mixes`). With
 `--group-size G`, groups of G rollouts share the case and every drawn argument, as the samples of one GRPO
-prompt would if they agreed on every call. All rollouts share one event loop, each on its own keep-alive
-connection (`case_env.bench.client`), and the generator reports its own CPU per call. Latencies are wall time
+prompt would if they agreed on every call. All rollouts share one event loop and one aiohttp pool, a keep-alive
+connection each (`bench.doors`), and the generator reports its own CPU per call. Latencies are wall time
 per call as the client sees it, queueing included. `--protocol` chooses the way in (`bench.doors`: the tool
 API, OpenEnv's `POST /step`, case-env's OpenEnv and MCP doors); `--record DIR` keeps each tool's first answer,
 the bytes the floor baseline replays.
@@ -25,7 +25,7 @@ from typing import Annotated, Literal
 
 import typer
 
-from case_env.bench.client import ProtocolError
+from case_env.bench import doors as ways
 from case_env.bench.doors import PROTOCOLS, Door
 from case_env.core import registry
 from case_env.core.commands import run
@@ -84,7 +84,7 @@ async def _rollout(
                 kind, payload = await door.call(tool, arguments, context[0] if context else None)
                 if kind == "ok" and record is not None and not (record / f"{tool}.json").exists():
                     (record / f"{tool}.json").write_bytes(payload)
-            except (OSError, TimeoutError, ProtocolError) as exc:
+            except ways.FAILURES as exc:
                 kind = type(exc).__name__
             elapsed = time.perf_counter() - started
             if kind == "ok":
@@ -113,7 +113,8 @@ async def run_load(
     if record is not None:
         record.mkdir(parents=True, exist_ok=True)
     name = env or registry.default().name
-    doors = [Door(url, name, protocol) for _ in range(rollouts)]  # kept from the warm-up on
+    client = ways.session(rollouts)
+    doors = [Door(url, name, protocol, client) for _ in range(rollouts)]  # kept from the warm-up on
     master = random.Random(seed)
 
     async def phase(seconds: float, tally: Tally, limit: int | None) -> None:
@@ -147,6 +148,7 @@ async def run_load(
     finally:
         for door in doors:
             await door.close()
+        await client.close()
     result = summarise(tally, rollouts, elapsed)
     result["load_cpu_ms_per_call"] = round(1000 * cpu / max(result["calls"], 1), 3)
     return {**result, "window": [began, began + elapsed]}

@@ -29,7 +29,7 @@ from typing import Any
 
 import httpx
 
-from case_env.bench.client import Client, ProtocolError
+from case_env.bench import doors as ways
 from case_env.bench.process import ServerProcess
 from case_env.bench.standin import StandInProcess
 from case_env.core.llm import DEFAULT_CONCURRENCY
@@ -176,7 +176,7 @@ def _burst(bench: ServerBench, options: ServerBenchOptions, settings: dict, case
     with _served(bench, one_worker, settings, BURST_LATENCY_MS, 0.0, n) as (model, server):
 
         async def burst() -> tuple[float, dict[str, int]]:
-            clients = [Client(server.url, timeout_s=120) for _ in range(BURST)]
+            client = ways.session(BURST, timeout_s=120.0)
             outcomes: dict[str, int] = {}
 
             async def one(i: int) -> None:
@@ -187,9 +187,10 @@ def _burst(bench: ServerBench, options: ServerBenchOptions, settings: dict, case
                     "arguments": arguments,
                 }
                 try:
-                    status, payload = await clients[i].post_json(f"/v1/tools/{tool}", body)
+                    async with client.post(f"{server.url}/v1/tools/{tool}", json=body) as reply:
+                        status, payload = reply.status, await reply.read()
                     kind = "ok" if status == 200 and b'"ok":true' in payload else f"http_{status}"
-                except (OSError, TimeoutError, ProtocolError) as exc:
+                except ways.FAILURES as exc:
                     kind = type(exc).__name__
                 outcomes[kind] = outcomes.get(kind, 0) + 1
 
@@ -197,8 +198,7 @@ def _burst(bench: ServerBench, options: ServerBenchOptions, settings: dict, case
             try:
                 await asyncio.gather(*(one(i) for i in range(BURST)))
             finally:
-                for client in clients:
-                    client.close()
+                await client.close()
             return time.perf_counter() - began, outcomes
 
         elapsed, outcomes = asyncio.run(burst())

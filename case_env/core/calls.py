@@ -16,10 +16,9 @@ import ast
 import json
 import re
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from case_env.core.answers import model_text
 from case_env.core.tags import Tagged
@@ -33,58 +32,57 @@ _FUNCTION = re.compile(r"<function=([^>\n]{0,256})>(.*?)(?:</function>|$)", re.D
 _PARAMETER = re.compile(r"<parameter=([^>\n]{0,256})>(.*?)(?:</parameter>|$)", re.DOTALL)
 
 
-@dataclass
-class ExecutedCall:
-    """One call of an episode: what was called, how it ended, and (for tools declared `remember`) its answer."""
+class Call(BaseModel):
+    """One tool call of an episode as it ran, in the one shape every part uses: the server's episode log holds
+    it, `GET /v1/episodes/{id}` answers it, a client keeps it beside its trajectory (`FIELD`), and rewards that
+    count calls read it. Strict, as /openapi.json describes it: "3" is not a number of attempts."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
 
     tool: str
-    arguments: dict[str, Any]
-    status: str = "ok"  # ok, a model-fault code (the call was refused), or an infrastructure status
-    infra_error: bool = False
-    attempts: int = 1
-    latency_ms: float = 0.0
-    text: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    arguments: dict[str, Any] = Field(default_factory=dict, description="As the model gave them.")
+    status: str = Field(
+        "ok", description="ok, a model-fault code (the call was refused), or an infrastructure status."
+    )
+    http_status: int | None = Field(
+        None, description="The server's HTTP status; none when it never answered."
+    )
+    latency_ms: float = Field(0.0, description="Time spent on the call: the server's, or the caller's wait.")
+    text: str | None = Field(None, description="The answer, kept for tools whose later calls read it.")
+    fallback: str | None = Field(
+        None, description="Why the tool's rules answered instead of its language model, if they did."
+    )
+    output_digest: str | None = Field(
+        None, description="SHA-256 of the text and image bytes returned, its first 128 bits in hex."
+    )
+    seq: int | None = Field(None, description="1-based position of the call in its episode (server).")
+    time: float | None = Field(None, description="Unix time the call finished (server).")
+    infra_error: bool = Field(
+        False, description="The service failed the call (client): not the model's fault."
+    )
+    attempts: int = Field(1, description="HTTP attempts the client made (client).")
 
     @property
     def ok(self) -> bool:
         return self.status == "ok"
 
     def record(self) -> dict[str, Any]:
-        out = asdict(self)
-        extra = out.pop("extra")
-        if out["text"] is None:
-            del out["text"]
-        return {**out, **extra}
+        """As JSON-ready data, without the fields no one set."""
+        return self.model_dump(exclude_none=True)
 
     @classmethod
-    def from_record(cls, record: dict[str, Any]) -> ExecutedCall:
-        known = {
-            k: record[k] for k in ("status", "infra_error", "attempts", "latency_ms", "text") if k in record
-        }
-        extra = {k: v for k, v in record.items() if k not in known and k not in ("tool", "arguments")}
-        arguments = record.get("arguments")
-        return cls(
-            str(record.get("tool", "")),
-            arguments if isinstance(arguments, dict) else {},
-            **known,
-            extra=extra,
-        )
-
-
-class RecordedCall(BaseModel):
-    """One executed call as a row's `extra_info` carries it (`ExecutedCall.record()`): what `/v1/score` checks.
-    Strict, as /openapi.json describes it: "3" is not a number of attempts."""
-
-    model_config = ConfigDict(extra="allow", strict=True)
-
-    tool: str
-    arguments: dict[str, Any] = Field(default_factory=dict)
-    status: str = "ok"
-    infra_error: bool = False
-    attempts: int = 1
-    latency_ms: float = 0.0
-    text: str | None = None
+    def from_record(cls, record: dict[str, Any]) -> Call:
+        """A recorded call, leniently: a field of the wrong type is left at its default, never a crash (a
+        reward reads what a client wrote)."""
+        try:
+            return cls.model_validate(record, strict=False)
+        except ValidationError:
+            arguments = record.get("arguments")
+            return cls(
+                tool=str(record.get("tool", "")),
+                arguments=arguments if isinstance(arguments, dict) else {},
+                status=str(record.get("status", "ok")),
+            )
 
 
 def decoded(value: Any) -> Any:
@@ -109,7 +107,7 @@ class ScoreExtra(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     env: str | None = None
-    case_env_tool_calls: list[RecordedCall] | None = Field(None, max_length=MAX_SCORED_CALLS)
+    case_env_tool_calls: list[Call] | None = Field(None, max_length=MAX_SCORED_CALLS)
 
 
 # what parsing a model's text may raise besides a syntax error: nesting deeper than the interpreter's stack
@@ -194,15 +192,15 @@ def written_calls(solution_str: str, schemas: dict[str, dict] | None = None) -> 
 
 def executed_calls(
     solution_str: str, extra_info: dict | None, parameters: Callable[[], dict[str, dict]]
-) -> list[ExecutedCall]:
+) -> list[Call]:
     """The episode's calls: as they ran (from `extra_info`) when recorded, else as written in the text, their
     values typed by `parameters()` (the tools' parameter schemas by name; read only when needed)."""
     extra = extra_info if isinstance(extra_info, dict) else {}
     recorded = extra.get(FIELD)
     if isinstance(recorded, list | tuple):
-        return [ExecutedCall.from_record(r) for r in recorded if isinstance(r, dict)]
+        return [Call.from_record(r) for r in recorded if isinstance(r, dict)]
     written = written_calls(solution_str, parameters())
-    return [ExecutedCall(name, arguments) for name, arguments in written]
+    return [Call(tool=name, arguments=arguments) for name, arguments in written]
 
 
 def call_text(name: str, arguments: dict, form: str = "hermes") -> str:

@@ -12,8 +12,9 @@ Twelve members, in four groups:
 - what it offers: `tools` and `personas`, declared as the packages they are loaded from
   (`tools = Tools("case_env.tools.<name>")`) and read as the loaded tables;
 - its cases: `open_cases(data)` (what one server worker holds), `tool_context` (how a handler sees a case);
-- an episode: `context_model` (what a call carries besides its arguments; None: its tools are pure
-  functions of the arguments), `episode_context` (how a caller builds it from the row and the calls so far);
+- an episode: `context_model` (what a row sets for its episodes, from its `create_kwargs`, sent with each
+  call and kept by the server at the first; None: its tools are pure functions of the arguments),
+  `episode_context` (what a tool sees, built by the server from those settings and the episode's log);
 - its reward: `score`, and `score_extra` (the part of `extra_info` it reads, validated before it is called).
 """
 
@@ -26,7 +27,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from pydantic import BaseModel
 
-from case_env.core.calls import ExecutedCall, ScoreExtra
+from case_env.core.calls import Call, ScoreExtra
 from case_env.core.personas import Personas, PersonaSet
 from case_env.core.tools import ToolContext, Tools, ToolSet
 
@@ -94,10 +95,11 @@ class Environment(ABC):
     def tool_context(self, cases: Cases, case_id: str, episode: BaseModel | None) -> ToolContext:
         return ToolContext(cases, case_id, episode)
 
-    def episode_context(self, create: Mapping[str, Any], calls: Sequence[ExecutedCall]) -> dict | None:
-        """What a call must carry besides its arguments, from the row's `create_kwargs` and the episode's
-        calls so far (the server keeps no conversation state). None: nothing."""
-        return None
+    def episode_context(self, settings: BaseModel, calls: Sequence[Call]) -> BaseModel:
+        """The context a call's tool sees, built by the server from the row's settings (`context_model`, as
+        the episode's first call sent them) and the episode's calls so far, oldest first, from its own log:
+        a client sends the call, never its history."""
+        return settings
 
     @abstractmethod
     def score(self, solution_str: str, ground_truth: str, extra_info: dict | None) -> Score: ...

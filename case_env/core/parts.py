@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from case_env.core.bank import BankResult, Item
-from case_env.core.calls import ExecutedCall
 from case_env.core.policy import Policy
 from case_env.core.problems import Problems
 
@@ -229,16 +228,6 @@ class Faults:
     the ones /openapi.json lists beside the shared `ErrorCode`s)."""
 
     fault_codes: ClassVar[tuple[str, ...]] = ()
-
-
-class HeldContext(ABC):
-    """The server rebuilds part of a call's context from its own record of the episode instead of trusting
-    what the client sent: for a context that is a budget the episode spends (case reasoning's attempts)."""
-
-    @abstractmethod
-    def held_context(self, sent: BaseModel, calls: Sequence[ExecutedCall]) -> BaseModel:
-        """The context a call runs with, given what the client `sent` and the calls the server recorded for
-        the episode, oldest first."""
 
 
 # One episode's calls, (tool, arguments), drawn with the generator it is given.

@@ -49,6 +49,7 @@ class ErrorCode(StrEnum):
     DATA_UNAVAILABLE = "data_unavailable"
     INTERNAL = "internal"
     NOT_RECORDED = "not_recorded"
+    EPISODE_ENDED = "episode_ended"
 
 
 MODEL_FAULTS = frozenset(

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from case_env.core import registry
 from case_env.core.bank import Item
-from case_env.core.calls import ExecutedCall
+from case_env.core.calls import Call
 from case_env.core.policy import Observation, Turn
 
 FILENAME = "trajectories.jsonl"
@@ -41,7 +41,7 @@ class Episode:
     prompt: list[dict]
     turns: list[Turn]
     observations: list[Observation]
-    calls: list[ExecutedCall]
+    calls: list[Call]
     score: dict
     tools: list[dict]
     transcript: list[dict] | None = None  # a model's own chat messages, when it kept them

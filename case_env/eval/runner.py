@@ -27,7 +27,7 @@ from tqdm import tqdm
 from case_env.core import episode as episodes
 from case_env.core import registry, trajectory
 from case_env.core.bank import Item, load_items
-from case_env.core.calls import FIELD, ExecutedCall
+from case_env.core.calls import FIELD, Call
 from case_env.core.client import RetryPolicy, ToolClient
 from case_env.core.environment import Environment
 from case_env.core.parts import Baselines, PolicyFactory, Variant, dialogue_of, evaluation_of
@@ -174,7 +174,7 @@ class _Rollouts:
         listener = (dialogue.listener, dialogue.said) if dialogue is not None and variant.speak else None
         steps: list[Step] = []
         seen: list[Observation] = []
-        calls: list[ExecutedCall] = []
+        calls: list[Call] = []
         offered = {t["function"]["name"] for t in tools}
         for _ in range(variant.max_turns or self.max_turns):
             turn = await loop.run_in_executor(self.pool, policy.next_turn, list(seen))
@@ -200,7 +200,7 @@ class _Rollouts:
                     )
                     step.observations.append(Observation(name, arguments, refusal, None, None, False))
                     continue
-                observation, call = await self._call(name, arguments, episode_id, create, calls)
+                observation, call = await self._call(name, arguments, episode_id, create)
                 step.observations.append(observation)
                 calls.append(call)
             seen += step.observations
@@ -213,9 +213,9 @@ class _Rollouts:
         return trajectory.Episode(prompt, [s.turn for s in steps], seen, calls, score, tools, messages)
 
     async def _call(
-        self, name: str, arguments: dict, episode_id: str, create: dict, calls: list
-    ) -> tuple[Observation, ExecutedCall]:
-        reply, call = await episodes.call(self.client, self.env, episode_id, create, name, arguments, calls)
+        self, name: str, arguments: dict, episode_id: str, create: dict
+    ) -> tuple[Observation, Call]:
+        reply, call = await episodes.call(self.client, self.env, episode_id, create, name, arguments)
         if reply.http_status == 404:
             raise LookupError(
                 f"the server has no case {create['patient_id']!r}: serve the bank's cases (case-env serve "

@@ -11,6 +11,7 @@ import contextlib
 import gc
 import inspect
 import logging
+import time
 from collections.abc import AsyncIterator, Iterable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -27,9 +28,7 @@ from case_env.server import contract, doors
 from case_env.server.admission import Admission
 from case_env.server.audit import AuditLog
 from case_env.server.auth import AuthError, TokenGate
-from case_env.server.episodes import EpisodeLog
 from case_env.server.errors import INTERNAL_MESSAGE, error_response, short
-from case_env.server.fastpath import ToolServer
 from case_env.server.limits import BodyLimit
 from case_env.server.metrics import Metrics
 from case_env.server.replay import ReplayBook
@@ -37,6 +36,7 @@ from case_env.server.responses import ResponseCache
 from case_env.server.routes import episodes, ops, score, tools
 from case_env.server.settings import ServerSettings
 from case_env.server.state import ServerState
+from case_env.server.store import open_store
 from case_env.settings import DataSettings
 
 log = logging.getLogger("case_env.server")
@@ -49,17 +49,15 @@ model can act on; service problems use HTTP status codes (429, 503, 504) that cl
 
 
 async def _tick(state: ServerState) -> None:
-    # every quarter second: an episode's calls of that time share one transaction and one counter update
-    # (reads of an episode flush first, so they never lag), the calls' metrics are published and the
-    # sampled gauges refreshed
+    # every quarter second: the calls' metrics are published and the sampled gauges refreshed (writing the
+    # shared metric files on every call cost more than the rest of a cheap call's bookkeeping)
     while True:
         await asyncio.sleep(0.25)
         try:
-            state.episodes.flush()
             state.metrics.publish()
             state.note_gauges()
-        except Exception:  # a failed flush must not end the loop
-            log.exception("episode flush or metrics publish failed")
+        except Exception:  # a failed publish must not end the loop
+            log.exception("metrics publish failed")
 
 
 async def _sweep_episodes(state: ServerState) -> None:
@@ -67,10 +65,11 @@ async def _sweep_episodes(state: ServerState) -> None:
     while True:
         await asyncio.sleep(interval)
         try:
-            state.episodes.sweep()
-            state.metrics.episodes_live.set(state.episodes.live())
-        except Exception:  # a failed sweep must not end the loop
-            log.exception("episode sweep failed")
+            now = time.time()
+            await state.store.sweep(now)
+            state.metrics.episodes_live.set(await state.store.live(now))
+        except Exception as exc:  # a failed sweep (the store down a moment) must not end the loop
+            log.warning("episode sweep failed: %s", exc)
 
 
 def raise_open_file_limit(wanted: int = 65536) -> int:
@@ -111,12 +110,11 @@ def create_app(
     hosted, tool_env = _hosted(environments)
 
     @contextlib.asynccontextmanager
-    async def lifespan(app: ToolServer) -> AsyncIterator[None]:
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         state = _open_state(settings, data, hosted, tool_env)
         if settings.audit_log is None:  # `case-env serve` says it once for all its workers
             log.info("audit log disabled (set CASE_ENV_AUDIT_LOG or --audit-log)")
         app.state.server = state
-        app.serving = state
         # what start-up built (modules, schemas, cases) lives as long as the worker: keep it out of the
         # collector's full passes, which otherwise walk it again and again under load
         gc.collect()
@@ -127,10 +125,9 @@ def create_app(
             async with doors.running(app, settings, hosted, mounted):
                 yield
         finally:
-            app.serving = None
-            _close_state(state)
+            await _close_state(state)
 
-    app = ToolServer(
+    app = FastAPI(
         title="case-env",
         version=__version__,
         description=DESCRIPTION,
@@ -190,7 +187,8 @@ def _open_state(
         tools=specs,
         tool_env=tool_env,
         replay=replay,
-        episodes=EpisodeLog(
+        store=open_store(
+            settings.store,
             settings.episode_db,
             settings.episode_idle_s,
             settings.max_episodes,
@@ -209,14 +207,14 @@ def _open_state(
     )
 
 
-def _close_state(state: ServerState) -> None:
+async def _close_state(state: ServerState) -> None:
     for task in state.tasks:
         task.cancel()
     for pool in (state.render_pool, state.text_pool, state.preload_pool):
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
     state.metrics.publish()
-    state.episodes.close()
+    await state.store.close()
     state.audit.close()
 
 

@@ -66,18 +66,42 @@ _UNAUTHORIZED = json.dumps(
 ).encode()
 
 
+_TWICE = json.dumps(
+    {
+        "ok": False,
+        "error": {
+            "code": "invalid_request",
+            "message": "more than one Authorization header: send the bearer token once",
+        },
+    }
+).encode()
+
+
 class TokenGate:
-    """401 for a guarded path without the token, before the body is read or the route looked up."""
+    """401 for a guarded path without the token, before the body is read or the route looked up; 400 for
+    two `Authorization` headers on any path, since readers taking the first and the last would disagree
+    about who is calling."""
 
     def __init__(self, app: ASGIApp):
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and guarded(scope["path"]):
+        if scope["type"] == "http":
+            presented = [v for k, v in scope["headers"] if k == b"authorization"]
             state = scope["app"].state.server
+            if len(presented) > 1:
+                state.audit.refusal(scope["method"], scope["path"], ErrorCode.INVALID_REQUEST.value, 400)
+                headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(_TWICE))]
+                await send({"type": "http.response.start", "status": 400, "headers": headers})
+                await send({"type": "http.response.body", "body": _TWICE})
+                return
             token = state.settings.token
-            authorization = next((v for k, v in scope["headers"] if k == b"authorization"), None)
-            if token is not None and not presented_bearer(authorization, token.get_secret_value()):
+            authorization = presented[0] if presented else None
+            if (
+                guarded(scope["path"])
+                and token is not None
+                and not presented_bearer(authorization, token.get_secret_value())
+            ):
                 state.audit.refusal(scope["method"], scope["path"], ErrorCode.UNAUTHORIZED.value, 401)
                 headers = [
                     (b"content-type", b"application/json"),

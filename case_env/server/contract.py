@@ -118,8 +118,9 @@ def _doors(schema: dict, app: FastAPI) -> None:
     for route in app.routes:
         if not isinstance(route, Mount):
             continue
-        if isinstance(route.app, FastAPI):
-            mounted = route.app.openapi()
+        door = getattr(route.app, "app", route.app)  # the app behind a door's guard (FrameGuard)
+        if isinstance(door, FastAPI):
+            mounted = door.openapi()
             for path, operations in mounted.get("paths", {}).items():
                 for operation in operations.values():
                     operation["tags"] = ["openenv"]

@@ -12,6 +12,7 @@ HTTP_STATUS = {
     ErrorCode.UNAUTHORIZED: 401,
     ErrorCode.SCOPE_VIOLATION: 403,
     ErrorCode.UNKNOWN_PATIENT: 404,
+    ErrorCode.EPISODE_ENDED: 409,
     ErrorCode.OVERLOADED: 429,
     ErrorCode.NOT_READY: 503,
     ErrorCode.DATA_UNAVAILABLE: 503,

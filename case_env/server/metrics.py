@@ -93,8 +93,16 @@ class Metrics:
             "Audit lines that could not be written (the worker stops answering calls until it restarts).",
             **kw,
         )
+        self.store_failures = Counter(
+            "case_env_store_failures",
+            "Calls answered 503 because the episode store could not be reached (nothing was bound).",
+            **kw,
+        )
         self.episodes_live = Gauge(
-            "case_env_episodes_live", "Episodes remembered.", multiprocess_mode="max", **kw
+            "case_env_episodes_live",
+            "Episodes bound and not ended, in the store every worker shares.",
+            multiprocess_mode="max",
+            **kw,
         )
 
     def count_cache(self, result: str) -> None:

@@ -6,6 +6,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
+from case_env.core.calls import Call
+
 EPISODE_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 CASE_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
 
@@ -40,10 +42,11 @@ class ToolCallRequest(BaseModel):
     )
     context: dict[str, Any] | None = Field(
         None,
-        description="What the call's environment needs from the episode besides the arguments (earlier "
-        "exchanges, the row's settings), sent by the adapter, never by the model: the server keeps no "
-        "conversation state. Validated by the environment's context model (422 naming the problem); "
-        "environments without a context model take none.",
+        description="The row's settings for its episode (from its create_kwargs: a noise plan, an attempt "
+        "budget), sent by the adapter, never by the model. The first call's are kept with the episode and a "
+        "later call must send the same (403); the episode's history is the server's own log, never sent. "
+        "Validated by the environment's context model (422 naming the problem); environments without one "
+        "take none.",
     )
 
     @field_validator("arguments", "context")
@@ -129,30 +132,16 @@ class ToolsResponse(BaseModel):
     environments: list[EnvironmentInfo] = Field(description="The environments whose tools are listed.")
 
 
-class CallRecord(BaseModel):
-    seq: int = Field(description="1-based position of the call in its episode.")
-    time: float = Field(description="Unix time the call finished.")
-    tool: str
-    arguments: dict[str, Any]
-    status: str = Field(description="ok, or the error code.")
-    http_status: int
-    latency_ms: float
-    output_digest: str | None = Field(
-        None, description="SHA-256 of the text and image bytes returned, its first 128 bits in hex."
-    )
-    fallback: str | None = Field(
-        None,
-        description="Why the tool's deterministic rules answered instead of its language model, if they did.",
-    )
-
-
 class EpisodeResponse(BaseModel):
     episode_id: str
     patient_id: str
+    env: str = Field(description="The environment of its case.")
     created: float = Field(description="Unix time of the first call.")
     last_seen: float = Field(description="Unix time of the latest call.")
     calls_total: int = Field(description="Calls made in the episode, including those no longer kept.")
-    calls: list[CallRecord] = Field(description="The most recent calls, oldest first.")
+    calls: list[Call] = Field(description="The most recent calls, oldest first.")
+    ended: bool = Field(False, description="A door scored its final answer: the episode takes no more calls.")
+    reward: dict[str, Any] | None = Field(None, description="The reward it ended with (the first one given).")
 
 
 class HealthResponse(BaseModel):
@@ -164,3 +153,9 @@ class ReadyResponse(BaseModel):
     ready: bool
     patients: int = Field(description="Cases found in the data root.")
     reason: str | None = Field(None, description="Why the server is not ready.")
+    store: str = Field(description="Where episodes live: sqlite (one host) or redis (shared by replicas).")
+    episodes_live: int | None = Field(None, description="Episodes bound and not ended (None: store down).")
+    max_episodes: int = Field(
+        description="Episodes kept at most; past it the least recently used go first, ended ones first."
+    )
+    episode_idle_s: float = Field(description="An episode without a call for this long expires.")

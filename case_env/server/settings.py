@@ -67,19 +67,32 @@ class ServerSettings(ScoreSettings):
         2, ge=1, description="Threads for text tools, so they never wait behind renders."
     )
     episode_idle_s: float = Field(3600.0, gt=0, description="An episode idle this long is forgotten.")
+    door_session_idle_s: float = Field(
+        30.0,
+        gt=0,
+        description="An OpenEnv session that no WebSocket holds (one created over its HTTP MCP endpoint) is "
+        "closed after this long without a message; the episodes themselves live in the store.",
+    )
     max_episodes: int = Field(
-        100_000, ge=1, description="Episodes remembered at most (least recent go first)."
+        100_000,
+        ge=1,
+        description="Episodes kept at most; past it the least recently used go first, ended ones before "
+        "any live one.",
     )
     max_calls_per_episode: int = Field(
-        256, ge=1, description="Calls remembered per episode (oldest go first)."
+        256, ge=1, description="Calls kept per episode (oldest go first; the count goes on)."
+    )
+    store: str | None = Field(
+        None,
+        pattern=r"^rediss?://",
+        description="Where episodes live when replicas span hosts: a Redis URL (redis://host:port/db), "
+        "shared by every replica. Unset: the SQLite file episode_db.",
     )
     episode_db: Path | None = Field(
         None,
-        description="SQLite file shared by workers for episodes (their case bindings and calls). `case-env "
-        "serve` defaults to <cache dir>/episodes/<host>-<port>.sqlite, so a restart keeps every episode's scope; "
-        "an app built in process without one keeps them in memory. Calls reach the file at the next quarter-"
-        "second tick, those of a tool whose environment reads the log back (an attempt budget) before they "
-        "are answered.",
+        description="SQLite file the workers of one host share for episodes (bindings, calls, ends), when no "
+        "store is set. `case-env serve` defaults to <cache dir>/episodes/<host>-<port>.sqlite, so a restart "
+        "keeps every episode; an app built in process without one keeps them in memory.",
     )
     replay_dir: Path | None = Field(
         None,

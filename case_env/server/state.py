@@ -14,15 +14,14 @@ from dataclasses import dataclass, field
 
 from case_env.core.environment import Cases, Environment
 from case_env.core.llm import endpoint_stats
-from case_env.core.parts import HeldContext
 from case_env.core.tools import ToolSpec, schema_version
 from case_env.server.admission import Admission
 from case_env.server.audit import AuditLog
-from case_env.server.episodes import EpisodeLog
 from case_env.server.metrics import Metrics
 from case_env.server.replay import ReplayBook
 from case_env.server.responses import ResponseCache
 from case_env.server.settings import ServerSettings
+from case_env.server.store import EpisodeStore
 from case_env.settings import DataSettings
 
 
@@ -34,7 +33,7 @@ class ServerState:
     cases: dict[str, Cases]  # each hosted environment's cases
     tools: dict[str, ToolSpec]
     tool_env: dict[str, str]  # tool name -> its environment
-    episodes: EpisodeLog
+    store: EpisodeStore
     audit: AuditLog
     metrics: Metrics
     render_pool: ThreadPoolExecutor
@@ -73,12 +72,6 @@ class ServerState:
             if case_id in cases:
                 return name
         return None
-
-    def holds_context(self, tool: str) -> bool:
-        """Whether a call of `tool` changes the context the server holds for its episode (it then writes the
-        episode log at once, so that the episode's next call on any worker reads it)."""
-        owner = self.tool_env.get(tool)
-        return owner is not None and isinstance(self.environments[owner], HeldContext)
 
     def fingerprint(self, env: str, case_id: str) -> tuple:
         """What the response cache keys a case's answers under (its files' stats, or nothing for cases

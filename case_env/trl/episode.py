@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 from uuid import uuid4
 
 from case_env.core import episode as episodes
-from case_env.core.calls import ExecutedCall
+from case_env.core.calls import Call
 from case_env.core.client import RetryPolicy, ToolClient
 from case_env.core.environment import Environment
 
@@ -37,7 +37,7 @@ class CaseEpisode:
     def __init__(self) -> None:
         self.episode_id = ""
         self.create: dict = {}
-        self.calls: list[ExecutedCall] = []
+        self.calls: list[Call] = []
         self._clients: dict[int, ToolClient] = {}
 
     def reset(self, **row: Any) -> None:
@@ -53,9 +53,7 @@ class CaseEpisode:
             return "Error: no case is bound to this episode."
         loop = id(asyncio.get_running_loop())
         client = self._clients.get(loop) or self._clients.setdefault(loop, ToolClient(self.settings))
-        reply, call = await episodes.call(
-            client, self.env, self.episode_id, self.create, tool, arguments, self.calls
-        )
+        reply, call = await episodes.call(client, self.env, self.episode_id, self.create, tool, arguments)
         self.calls.append(call)
         text, pngs = reply.model_text(), reply.pngs()
         if not pngs:

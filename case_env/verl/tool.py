@@ -9,8 +9,8 @@ environment, shaped by what verl 0.9.1 does (docs/architecture.md, "verl's limit
 - verl drops `execute`'s metrics, so every call is also appended to `extra_fields["case_env_tool_calls"]`,
   which reaches the reward's `extra_info`: rewards count the calls that really ran.
 - For a model without a processor (`CASE_ENV_TOOL_IMAGES=false`), images stay out of the answer, which says
-  so. When the environment needs the episode's context, it is built from the row's `create_kwargs` and the
-  calls so far (`Environment.episode_context`) and sent with the call: the server keeps no conversation.
+  so. A call carries the row's settings for its episode (`create_kwargs`); the server keeps the episode's
+  calls and builds what a tool needs of them, so nothing of the trajectory is sent back.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import asyncio
 import functools
 import io
 import re
-import weakref
 from typing import Any
 from uuid import uuid4
 
@@ -30,7 +29,7 @@ from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
 from case_env.core import episode as episodes
 from case_env.core import registry
-from case_env.core.calls import FIELD, ExecutedCall
+from case_env.core.calls import FIELD, Call
 from case_env.core.client import Reply, RetryPolicy, ToolClient
 from case_env.core.environment import Environment
 
@@ -54,23 +53,11 @@ class CaseTool(BaseTool):
         self.images = TypeAdapter(bool).validate_python(config.get("images", True))
         self._rows: dict[str, dict] = {}
         self._clients: dict[int, ToolClient] = {}
-        # the episode's calls as ExecutedCall, kept beside verl's agent data for as long as it lives, so a
-        # call's context is built from the calls so far without parsing each of them again
-        self._parsed: weakref.WeakKeyDictionary[Any, list[ExecutedCall]] = weakref.WeakKeyDictionary()
 
     @functools.cached_property
     def environment(self) -> Environment | None:
         """The tool's environment, resolved once per tool object (every call of this tool has the same)."""
         return registry.for_tool(self.name)
-
-    def _calls_so_far(self, agent_data: Any, records: list[dict]) -> list[ExecutedCall]:
-        try:
-            parsed = self._parsed.setdefault(agent_data, [])
-        except TypeError:  # agent data that cannot be referenced weakly: parse every time
-            return [ExecutedCall.from_record(r) for r in records]
-        # records appended by another CaseTool object of the episode (each tool name has its own)
-        parsed.extend(ExecutedCall.from_record(r) for r in records[len(parsed) :])
-        return parsed
 
     def _client(self) -> ToolClient:
         loop = asyncio.get_running_loop()
@@ -96,13 +83,10 @@ class CaseTool(BaseTool):
         calls = agent_data.extra_fields.setdefault(FIELD, []) if agent_data is not None else []
         env = self.environment
         if not row.get("patient_id"):
-            call = ExecutedCall(self.name, dict(parameters), "no_patient", infra_error=True)
+            call = Call(tool=self.name, arguments=dict(parameters), status="no_patient", infra_error=True)
             response = ToolResponse(text="Error: no case is bound to this trajectory.")
         else:
-            so_far = self._calls_so_far(agent_data, calls) if env is not None and env.context_model else []
-            reply, call = await episodes.call(
-                self._client(), env, episode, row, self.name, parameters, so_far
-            )
+            reply, call = await episodes.call(self._client(), env, episode, row, self.name, parameters)
             response = _tool_response(reply, self.images)
         calls.append(call.record())
         metrics = {k: v for k, v in call.record().items() if k not in ("arguments", "text")}

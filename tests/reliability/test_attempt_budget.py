@@ -2,7 +2,8 @@
 
 At 84b9f1d the budget was whatever the client's `context` said: three wrong submissions and a right one, each
 sent with `{"attempts": 1, "submissions": []}`, were all judged, the last "Correct". The server now counts the
-episode's judged submissions from its own record of the episode, on whichever worker the call lands."""
+episode's judged submissions from its own log of the episode, on whichever worker the call lands, and a
+client's claim about earlier submissions is refused by name: the history is not the client's to send."""
 
 from __future__ import annotations
 
@@ -34,8 +35,8 @@ def submit(url: str, episode: str, case: str, diagnosis: str, context: dict) -> 
 
 
 def lying_client(url: str, case: dict, episode: str, attempts: int) -> list[str]:
-    """Three wrong submissions, then the right one, each claiming nothing was submitted before."""
-    context = {"attempts": attempts, "submissions": []}
+    """Three wrong submissions, then the right one, each sent as if it were the episode's first."""
+    context = {"attempts": attempts}
     return [submit(url, episode, case["case_id"], d, context) for d in [*WRONG, case["diagnosis"]]]
 
 
@@ -66,6 +67,11 @@ def test_a_client_that_sends_no_submissions_still_spends_the_budget(dataset, tmp
         # an honest episode with the budget left gets its answer judged
         honest = submit(server.url, "k5", rows[2]["case_id"], rows[2]["diagnosis"], {"attempts": 5})
         assert honest == "Correct. Give this diagnosis as your final answer."
+        # the old lie, "nothing was submitted before", is refused by name
+        lie = {"episode_id": "k1", "patient_id": rows[0]["case_id"], "arguments": {"diagnosis": "x"}}
+        lie["context"] = {"attempts": 1, "submissions": []}
+        refused = httpx.post(f"{server.url}/v1/tools/submit_diagnosis", json=lie, timeout=30)
+        assert refused.status_code == 422 and "context.submissions" in refused.text
 
 
 def test_the_count_holds_across_workers(dataset, tmp_path, cases):

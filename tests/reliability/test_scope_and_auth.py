@@ -196,7 +196,8 @@ async def _scope(
         for r in range(rounds):
             for i, owner in enumerate(patients):
                 episode = f"scope-{first}-{r}-{i}"
-                assert (await client.call(http, first, episode, owner)).status_code == 200
+                bound = await client.call(http, first, episode, owner)
+                assert bound.status_code == 200 and marks[owner] in bound.json()["text"]
                 other = patients[(i + 1 + r % (len(patients) - 1)) % len(patients)]  # never the owner
                 assert other != owner
                 for tool in ARGUMENTS:
@@ -206,9 +207,10 @@ async def _scope(
                         response.status_code == 403 and response.json()["error"]["code"] == "scope_violation"
                     )
                     leaks += marks[other] in response.text or bool(response.json().get("images"))
-                # the owner still gets answers, and only its own
+                # the owner still gets answers, and only its own (a patient asked again answers from the
+                # conversation so far, which the server keeps: not the opening complaint word for word)
                 own = await client.call(http, first, episode, owner)
-                assert marks[owner] in own.json()["text"]
+                assert own.status_code == 200 and own.json()["ok"] and marks[other] not in own.json()["text"]
     return {"attempts": attempts, "refused": refused, "leaks": leaks}
 
 

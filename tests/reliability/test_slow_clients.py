@@ -34,6 +34,20 @@ def short_body(sock: socket.socket) -> None:
     sock.sendall(head + b"content-length: %d\r\n\r\n" % len(CALL) + CALL[:10])
 
 
+def whole_response(sock: socket.socket) -> bytes:
+    """One response, read until its Content-Length is in (head and body may arrive apart)."""
+    received = b""
+    while b"\r\n\r\n" not in received:
+        received += sock.recv(4096)
+    head, _, body = received.partition(b"\r\n\r\n")
+    length = int(
+        next(v for k, _, v in (h.partition(b": ") for h in head.split(b"\r\n")) if k == b"content-length")
+    )
+    while len(body) < length:
+        body += sock.recv(4096)
+    return head + b"\r\n\r\n" + body
+
+
 def held_for(port: int, behave) -> tuple[float, bytes]:
     """How long the server kept the connection open, and what it sent."""
     sock = socket.create_connection(("127.0.0.1", port))
@@ -77,7 +91,7 @@ def test_slow_and_idle_connections_are_closed_within_the_deadline(dataset, tmp_p
             answers = []
             for _ in range(2):
                 sock.sendall(request)
-                answers.append(sock.recv(4096))
+                answers.append(whole_response(sock))
     finally:
         server.stop()
     figures["held_s"] = {kind: round(max(t for t, _ in held), 2) for kind, held in results.items()}

@@ -1,6 +1,7 @@
-"""What a case-reasoning call carries besides its arguments: the diagnoses this episode already submitted
-and the row's attempt budget k, sent by the caller (the server keeps no state; the verl adapter and the
-eval runner build it with `CaseReasonEnvironment.episode_context`)."""
+"""What a case-reasoning call carries besides its arguments (the row's attempt budget k, `ReasoningSetup`),
+and what its tool sees (`ReasoningEpisode`): that budget with the diagnoses the episode already had judged,
+counted by the server from its own log (`CaseReasonEnvironment.episode_context`): a client cannot spend an
+attempt twice by leaving it out."""
 
 from __future__ import annotations
 
@@ -13,15 +14,20 @@ from case_env.core.text_cases import CaseContext
 MAX_ATTEMPTS = 64
 
 
-class ReasoningEpisode(BaseModel):
+class ReasoningSetup(BaseModel):
+    """The row's settings for its episodes, sent with each call (the server keeps the first call's)."""
+
     model_config = ConfigDict(extra="forbid")
 
+    attempts: int = Field(1, ge=1, le=MAX_ATTEMPTS, description="The row's attempt budget k.")
+
+
+class ReasoningEpisode(ReasoningSetup):
     submissions: list[str] = Field(
         default_factory=list,
         max_length=MAX_ATTEMPTS,
         description="Diagnoses this episode already submitted with submit_diagnosis, oldest first.",
     )
-    attempts: int = Field(1, ge=1, le=MAX_ATTEMPTS, description="The row's attempt budget k.")
 
 
 @dataclass

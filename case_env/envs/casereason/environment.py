@@ -3,14 +3,14 @@ judged diagnosis in <answer>, k attempts, and recall of the clinician's reasonin
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, Field
 
 from case_env.core.bank import CASE_EXTRA, Item
-from case_env.core.calls import ExecutedCall
+from case_env.core.calls import Call
 from case_env.core.environment import Environment, Score
 from case_env.core.parts import (
     BankBuild,
@@ -19,7 +19,6 @@ from case_env.core.parts import (
     Baselines,
     Benchmarks,
     Evaluation,
-    HeldContext,
     Judged,
     PolicyFactory,
     Synthesis,
@@ -32,7 +31,7 @@ from case_env.core.problems import Problems
 from case_env.core.text_cases import TextCases, load_text_cases
 from case_env.core.tools import Tools
 from case_env.envs.casereason import bench, evaluation
-from case_env.envs.casereason.context import ReasoningContext, ReasoningEpisode
+from case_env.envs.casereason.context import MAX_ATTEMPTS, ReasoningContext, ReasoningEpisode, ReasoningSetup
 from case_env.envs.casereason.reward import ReasoningScoreExtra
 
 if TYPE_CHECKING:
@@ -58,7 +57,7 @@ class ReasoningBankOptions(TextBankOptions):
 
 
 class CaseReasonEnvironment(
-    Environment, TextCases, Banks, Synthesis, Baselines, Evaluation, HeldContext, Judged, Benchmarks
+    Environment, TextCases, Banks, Synthesis, Baselines, Evaluation, Judged, Benchmarks
 ):
     name = "casereason"
     title = "case-reasoning"
@@ -69,7 +68,7 @@ class CaseReasonEnvironment(
     server_bench = bench.SERVER_BENCH
     tools = Tools("case_env.tools.casereason")
     personas = Personas("case_env.personas.casereason")
-    context_model = ReasoningEpisode
+    context_model = ReasoningSetup
     score_extra = ReasoningScoreExtra
     bank_options = ReasoningBankOptions
     required_extra = ("casereason", *CASE_EXTRA)
@@ -95,14 +94,9 @@ class CaseReasonEnvironment(
         diagnoses = len({c.diagnosis for c in cases})
         return {"diagnoses": diagnoses}, f", {diagnoses} diagnoses"
 
-    def episode_context(self, create: Mapping[str, Any], calls: Sequence[ExecutedCall]) -> dict:
-        return {"attempts": int(create.get("attempts") or 1), "submissions": _submitted(calls)}
-
-    # the attempt budget is spent on the server's own count: a client that sent no submissions each time
-    # had every attempt judged
-    def held_context(self, sent: BaseModel, calls: Sequence[ExecutedCall]) -> BaseModel:
-        assert isinstance(sent, ReasoningEpisode)
-        return sent.model_copy(update={"submissions": _submitted(calls)})
+    # the attempt budget is spent on the server's own count of the episode's judged submissions
+    def episode_context(self, settings: BaseModel, calls: Sequence[Call]) -> ReasoningEpisode:
+        return ReasoningEpisode(**settings.model_dump(), submissions=_submitted(calls)[:MAX_ATTEMPTS])
 
     # -- banks and rewards ------------------------------------------------------------------------------
     def build_bank(self, options: BankOptions) -> BankBuild:
@@ -170,6 +164,6 @@ class CaseReasonEnvironment(
         return make
 
 
-def _submitted(calls: Sequence[ExecutedCall]) -> list[str]:
+def _submitted(calls: Sequence[Call]) -> list[str]:
     """The diagnoses an episode submitted and had judged, oldest first."""
     return [str(c.arguments.get("diagnosis", "")) for c in calls if c.tool == "submit_diagnosis" and c.ok]

@@ -24,7 +24,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from case_env.core import registry
 from case_env.core.answers import ANSWER_TAG, final_segment, last_answer, model_text
-from case_env.core.calls import ExecutedCall, ScoreExtra, decoded, executed_calls
+from case_env.core.calls import Call, ScoreExtra, decoded, executed_calls
 from case_env.core.llm import Asker, asked_judge
 from case_env.core.tags import Tagged
 from case_env.envs.casereason.judge import judge
@@ -73,7 +73,7 @@ def settings_of(extra_info: dict | None) -> dict:
     return record.model_dump()
 
 
-def attempts_of(calls: list[ExecutedCall], final: str | None) -> list[str]:
+def attempts_of(calls: list[Call], final: str | None) -> list[str]:
     submitted = [
         str(c.arguments.get("diagnosis", "")).strip()
         for c in calls

@@ -1,5 +1,6 @@
 """The clinic's benchmark: MedExAgent-shaped episodes (questions to the patient between exam orders, each call
-with the episode's history and noise) and the server benchmark's cases, stand-in replies and reward rows."""
+with the row's noise; the server builds the history from its log) and the server benchmark's cases,
+stand-in replies and reward rows."""
 
 from __future__ import annotations
 
@@ -31,24 +32,17 @@ STEPS = "aaaeeea"  # MedExAgent's consultation: questions, exams one at a time, 
 
 
 def episode_calls(rng: random.Random) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
-    """One consultation: three questions, three exams, a last question, each call carrying the history and
-    the row's noise as the verl adapter sends them."""
-    noise = {"seed": rng.randrange(1000), "patient_rate": 0.3, "exam_rate": 0.1}
-    history: list[dict] = []
-    ordered: list[str] = []
+    """One consultation: three questions, three exams, a last question, each call carrying the row's noise
+    as the verl adapter sends it."""
+    context = {"noise": {"seed": rng.randrange(1000), "patient_rate": 0.3, "exam_rate": 0.1}}
     questions = iter(rng.sample(QUESTIONS, 4))
     calls: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
     for step in STEPS:
-        context = {"history": list(history), "ordered": list(ordered), "noise": noise}
         if step == "a":
-            question = next(questions)
-            calls.append(("ask_patient", {"question": question}, context))
-            history.append({"question": question, "answer": ANSWER, "ordered": ordered})
-            ordered = []
+            calls.append(("ask_patient", {"question": next(questions)}, context))
         else:
             exam, arguments = rng.choice(EXAMS)
             calls.append((exam, arguments, context))
-            ordered = [*ordered, exam]
     return calls
 
 

@@ -1,11 +1,7 @@
-"""What a clinic call carries besides its arguments: the episode's earlier patient exchanges and the row's
-noise configuration, and what a clinic tool may touch with it.
-
-The server holds no conversation state (any worker answers any call, a retried call is idempotent), so the
-caller sends what the patient simulator needs: the questions asked so far with the answers given, and the
-noise configuration of the bank row. Both come from the trajectory and the dataset row, never from the
-model: the verl adapter and the eval runner build them with `ClinicEnvironment.episode_context`, and no
-tool schema has a field for them.
+"""What a clinic call carries besides its arguments (the row's noise configuration and persona choice,
+`ClinicSetup`), and what a clinic tool sees of its episode (`ClinicEpisode`): those settings with the
+earlier patient exchanges, which the server builds from its own log of the episode
+(`ClinicEnvironment.episode_context`). Neither comes from the model: no tool schema has a field for them.
 """
 
 from __future__ import annotations
@@ -34,8 +30,22 @@ class Exchange(BaseModel):
     )
 
 
-class ClinicEpisode(BaseModel):
+class ClinicSetup(BaseModel):
+    """The row's settings for its episodes, sent with each call (the server keeps the first call's)."""
+
     model_config = ConfigDict(extra="forbid")
+
+    noise: NoiseConfig = Field(
+        default_factory=NoiseConfig, description="The bank row's noise configuration (no noise by default)."
+    )
+    persona: bool = Field(
+        True,
+        description="The patient plays the case's persona; MedExAgent's evaluation runs without one.",
+    )
+
+
+class ClinicEpisode(ClinicSetup):
+    """What a clinic tool sees: the row's settings and the episode so far, as the server's log holds it."""
 
     history: list[Exchange] = Field(
         default_factory=list,
@@ -46,13 +56,6 @@ class ClinicEpisode(BaseModel):
         default_factory=list,
         max_length=MAX_EXCHANGES,
         description="Exams ordered since the last exchange, as the patient hears of them.",
-    )
-    noise: NoiseConfig = Field(
-        default_factory=NoiseConfig, description="The bank row's noise configuration (no noise by default)."
-    )
-    persona: bool = Field(
-        True,
-        description="The patient plays the case's persona; MedExAgent's evaluation runs without one.",
     )
 
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import BaseModel, Field
 
 from case_env.core.bank import CASE_EXTRA, Item
-from case_env.core.calls import ExecutedCall
+from case_env.core.calls import Call
 from case_env.core.environment import Environment, Score
 from case_env.core.parts import (
     AgentLoops,
@@ -38,7 +38,7 @@ from case_env.core.problems import Problems
 from case_env.core.text_cases import TextCases, load_text_cases
 from case_env.core.tools import Tools
 from case_env.envs.clinic import bench, evaluation
-from case_env.envs.clinic.context import ClinicContext, ClinicEpisode
+from case_env.envs.clinic.context import MAX_EXCHANGES, ClinicContext, ClinicEpisode, ClinicSetup
 from case_env.envs.clinic.reward import ClinicScoreExtra
 
 if TYPE_CHECKING:
@@ -159,7 +159,7 @@ class ClinicEnvironment(
     server_bench = bench.SERVER_BENCH
     tools = Tools("case_env.tools.clinic")
     personas = Personas("case_env.personas.clinic")
-    context_model = ClinicEpisode
+    context_model = ClinicSetup
     score_extra = ClinicScoreExtra
     bank_options = ClinicBankOptions
     synth_options = ClinicSynthOptions
@@ -202,7 +202,7 @@ class ClinicEnvironment(
         words = f" ({', '.join(f'{k} {v}' for k, v in sources.items())}), {conditions} diagnoses"
         return {"conditions": conditions, "by_data_source": sources}, words
 
-    def episode_context(self, create: Mapping[str, Any], calls: Sequence[ExecutedCall]) -> dict:
+    def episode_context(self, settings: BaseModel, calls: Sequence[Call]) -> ClinicEpisode:
         """The patient's side of the episode so far: each answered question with the exams ordered before it,
         and the exams ordered since (MedExAgent's patient hears of every order, never of its findings)."""
         from case_env.envs.clinic.reward import as_tool
@@ -219,10 +219,14 @@ class ClinicEnvironment(
                     ordered.append(exam_call(*as_tool(call.tool, call.arguments)).describe())
                 except ExamError:
                     continue
-        context = {"noise": dict(create.get("noise") or {}), "history": history, "ordered": ordered}
-        if "persona" in create:  # an evaluation protocol's choice (MedExAgent's runs without one)
-            context["persona"] = bool(create["persona"])
-        return context
+        # the server's own record, already bounded when it was written: built, not validated again
+        return ClinicEpisode.model_validate(
+            {
+                **settings.model_dump(),
+                "history": history[-MAX_EXCHANGES:],
+                "ordered": ordered[-MAX_EXCHANGES:],
+            }
+        )
 
     # -- banks and rewards ------------------------------------------------------------------------------
     def build_bank(self, options: BankOptions) -> BankBuild:

@@ -29,7 +29,7 @@ from case_env.core.answers import ANSWER_TAG, TOOL_RESPONSE, final_segment, last
 from case_env.core.calls import (
     FIELD,
     TOOL_CALL,
-    ExecutedCall,
+    Call,
     ScoreExtra,
     decoded,
     executed_calls,
@@ -135,7 +135,7 @@ def ordered_tools(turns: list[tuple[int, list[mx.Tool]]], extra: dict) -> list[m
     recorded = extra.get(FIELD)
     if not isinstance(recorded, list | tuple):
         return [as_tool(n, a) for n, a in written]
-    ran = [c for c in (ExecutedCall.from_record(r) for r in recorded if isinstance(r, dict)) if c.tool != ASK]
+    ran = [c for c in (Call.from_record(r) for r in recorded if isinstance(r, dict)) if c.tool != ASK]
     tools = [as_tool(c.tool, c.arguments) for c in ran]
     at = 0
     for name, arguments in written:

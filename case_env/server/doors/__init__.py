@@ -13,7 +13,6 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI
 
 from case_env.core.environment import Environment
-from case_env.server.fastpath import ToolServer
 from case_env.server.settings import ServerSettings
 
 EXTRAS = {"openenv": "openenv", "mcp": "mcp"}  # door -> the extra that brings its dependencies
@@ -23,7 +22,7 @@ class DoorUnavailableError(RuntimeError):
     """A door was asked for whose extra is not installed."""
 
 
-def install(app: ToolServer, settings: ServerSettings, hosted: dict[str, Environment]) -> list:
+def install(app: FastAPI, settings: ServerSettings, hosted: dict[str, Environment]) -> list:
     """Mount the doors the settings name; returns what the lifespan runs (OpenEnv apps, MCP servers)."""
     mounted: list = []
     for door in settings.doors:
@@ -33,7 +32,7 @@ def install(app: ToolServer, settings: ServerSettings, hosted: dict[str, Environ
             raise DoorUnavailableError(
                 f"the {door} door needs its extra ({exc.name} is missing): pip install 'case-env[{EXTRAS[door]}]'"
             ) from None
-        mounted += module.install(app, hosted, settings.max_in_flight * 4, settings.episode_idle_s)
+        mounted += module.install(app, hosted, settings)
     if mounted:
         from case_env.server.doors import rows
 

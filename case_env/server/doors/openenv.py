@@ -5,11 +5,16 @@ any OpenEnv environment.
 `reset` binds an episode to a bank row (`row`, or `split` and `index`, or a draw seeded by `seed`) and
 observes its prompt and tools; `step` takes one tool call or the final answer; the answer's step is `done`,
 its `reward` the row's. A WebSocket (`/ws`) holds one episode per connection, many at once; each call goes
-through the tool route (`doors.episodes`).
+through the tool route (`doors.episodes`). Each frame is checked before OpenEnv's handler reads it
+(`FrameGuard`): one that is not a JSON object, or is binary, or too large or too deeply nested, is answered
+with OpenEnv's own error message and the session goes on, as a bad request over HTTP leaves the server as it
+was. Sessions created over OpenEnv's HTTP MCP endpoint without a WebSocket expire after
+`CASE_ENV_DOOR_SESSION_IDLE_S` without a message; those a WebSocket holds live as long as it does.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from fastapi import FastAPI
@@ -17,9 +22,13 @@ from openenv.core.env_server.http_server import HTTPEnvServer
 from openenv.core.env_server.interfaces import Environment as OpenEnvEnvironment
 from openenv.core.env_server.types import Action, ConcurrencyConfig, Observation, State
 from pydantic import Field, model_validator
+from pydantic_core import PydanticCustomError
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from case_env.core.environment import Environment
-from case_env.server.doors.episodes import DoorEpisode, DoorError
+from case_env.server.doors.episodes import DoorEpisode, DoorError, Start
+from case_env.server.models import MAX_DEPTH
+from case_env.server.settings import ServerSettings
 
 
 class CaseAction(Action):
@@ -32,7 +41,11 @@ class CaseAction(Action):
     @model_validator(mode="after")
     def _one(self) -> CaseAction:
         if (self.tool is None) == (self.answer is None):
-            raise ValueError("send either tool (with arguments) or answer, not both and not neither")
+            # a custom error: OpenEnv sends a validation error's details to the client as JSON, which a
+            # ValueError in them cannot be written as (it ended the session)
+            raise PydanticCustomError(
+                "tool_or_answer", "send either tool (with arguments) or answer, not both and not neither"
+            )
         return self
 
 
@@ -65,22 +78,14 @@ class CaseEnvironment(OpenEnvEnvironment[CaseAction, CaseObservation, CaseState]
         super().__init__()
         self.app, self.env = app, env
         self.episode: DoorEpisode | None = None
+        self.calls = 0  # of the episode, through this session
+        self.reward: dict[str, Any] | None = None
 
-    async def reset_async(
-        self,
-        seed: int | None = None,
-        episode_id: str | None = None,
-        row: str | None = None,
-        split: str | None = None,
-        index: int | None = None,
-        case_id: str | None = None,
-        **_: Any,
-    ) -> CaseObservation:
+    async def reset_async(self, **fields: Any) -> CaseObservation:
         state = self.app.state.server
-        item = None
-        if case_id is None:
-            item = self.app.state.door_rows.pick(self.env.name, row, split, index, seed)
-        self.episode = episode = DoorEpisode.start(state, self.env, item, case_id, episode_id)
+        start = Start.of({k: v for k, v in fields.items() if v is not None})
+        self.episode = episode = await DoorEpisode.start(state, self.env, self.app.state.door_rows, start)
+        self.calls, self.reward = 0, None
         tools = [state.tools[t].openai_schema() for t in episode.tools]
         return CaseObservation(
             episode_id=episode.episode_id, case_id=episode.case_id, prompt=episode.prompt, tools=tools
@@ -94,9 +99,12 @@ class CaseEnvironment(OpenEnvEnvironment[CaseAction, CaseObservation, CaseState]
             raise DoorError("no episode: reset first")
         base = {"episode_id": episode.episode_id, "case_id": episode.case_id}
         if action.answer is not None:
-            reward = await episode.finish(action.answer)
+            self.reward = reward = await episode.finish(action.answer)
             return CaseObservation(**base, done=True, reward=float(reward["score"]), metadata=reward)
+        if self.reward is not None:
+            raise DoorError(f"episode {episode.episode_id} has ended; reset to start a new one")
         reply = await episode.call(action.tool or "", action.arguments)
+        self.calls += 1
         images = [dict(image) for image in reply.payload.get("images") or []]
         error = None if reply.ok else reply.status
         return CaseObservation(**base, ok=reply.ok, text=reply.model_text(), images=images, error=error)
@@ -114,30 +122,90 @@ class CaseEnvironment(OpenEnvEnvironment[CaseAction, CaseObservation, CaseState]
             return CaseState()
         return CaseState(
             episode_id=episode.episode_id,
-            step_count=len(episode.calls) + (episode.reward is not None),
+            step_count=self.calls + (self.reward is not None),
             case_id=episode.case_id,
             row=episode.item.key if episode.item else None,
-            calls=len(episode.calls),
-            ended=episode.reward is not None,
+            calls=self.calls,
+            ended=self.reward is not None,
         )
 
 
-def install(app: FastAPI, hosted: dict[str, Environment], max_sessions: int, idle_s: float) -> list[FastAPI]:
+def _error(message: str, code: str) -> str:
+    """An error frame as OpenEnv's own server writes one (`WSErrorResponse`)."""
+    return json.dumps({"type": "error", "data": {"message": message, "code": code}})
+
+
+def _frame_problem(message: Message, max_bytes: int) -> str | None:
+    """Why a WebSocket frame cannot be handed to OpenEnv's handler (which would end the session), or None."""
+    text = message.get("text")
+    if text is None:
+        return "binary frames are not read: send each message as JSON text"
+    if len(text) > max_bytes:
+        return f"message too large: at most {max_bytes} bytes are read"
+    depth = deepest = 0
+    for char in text:  # nesting is counted before parsing: the parser recurses once per level
+        if char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    if deepest > MAX_DEPTH + 4:  # the message's own envelope and data, then the arguments' limit
+        return f"message nested deeper than {MAX_DEPTH + 4} levels"
+    try:
+        document = json.loads(text)
+    except ValueError as exc:
+        return f"Invalid JSON: {exc}"
+    if not isinstance(document, dict):
+        return "a message is a JSON object with a type (reset, step, state, close)"
+    return None
+
+
+class FrameGuard:
+    """Checks each frame a client sends on the door's WebSocket before OpenEnv's handler reads it: a frame
+    it would end the session over gets OpenEnv's own error message instead, and the session goes on. HTTP
+    requests pass untouched (the tool API's limits apply to them already)."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int):
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "websocket":
+            await self.app(scope, receive, send)
+            return
+
+        async def checked() -> Message:
+            while True:
+                message = await receive()
+                if message["type"] != "websocket.receive":
+                    return message
+                problem = _frame_problem(message, self.max_bytes)
+                if problem is None:
+                    return message
+                await send({"type": "websocket.send", "text": _error(problem, "INVALID_JSON")})
+
+        await self.app(scope, checked, send)
+
+
+def install(app: FastAPI, hosted: dict[str, Environment], settings: ServerSettings) -> list[FastAPI]:
     """Mount each environment's OpenEnv server at /openenv/<env>. Returns the mounted apps, whose start-up
     and shutdown handlers (OpenEnv's reaper of idle sessions) the server's lifespan runs."""
     mounted = []
+    # OpenEnv's reaper passes over sessions a WebSocket holds (uvicorn's pings close a dead one), so its
+    # timeout is that of sessions created over HTTP alone: seconds, not the episode's idle time
+    concurrency = ConcurrencyConfig(
+        max_concurrent_envs=settings.max_in_flight * 4, session_timeout=settings.door_session_idle_s
+    )
     for name, env in hosted.items():
         sub = FastAPI(title=f"case-env {name} (OpenEnv)")
         server = HTTPEnvServer(
             lambda env=env: CaseEnvironment(app, env),
             CaseAction,
             CaseObservation,
-            # idle sessions are reaped: a half-open socket must not hold a slot for ever (OpenEnv PR #1000)
-            concurrency_config=ConcurrencyConfig(max_concurrent_envs=max_sessions, session_timeout=idle_s),
+            concurrency_config=concurrency,
             env_name=name,
             state_cls=CaseState,
         )
         server.register_routes(sub, mode="production")  # no stateless /reset, /step: episodes live on /ws
-        app.mount(f"/openenv/{name}", sub)
+        app.mount(f"/openenv/{name}", FrameGuard(sub, settings.max_score_body_bytes))
         mounted.append(sub)
     return mounted

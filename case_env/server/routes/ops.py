@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import time
+
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
@@ -9,6 +12,7 @@ from case_env import __version__
 from case_env.server.auth import require_token
 from case_env.server.errors import UNAUTHORIZED
 from case_env.server.models import HealthResponse, ReadyResponse
+from case_env.server.store import StoreUnavailableError
 
 router = APIRouter(tags=["operations"])
 
@@ -23,12 +27,27 @@ async def healthz() -> HealthResponse:
     dependencies=[Depends(require_token)],  # it counts cases: an exposed server answers it to the token only
     response_model=ReadyResponse,
     responses={503: {"model": ReadyResponse, "description": "Not ready."}, **UNAUTHORIZED},
-    summary="Readiness: the data root is readable and holds cases",
+    summary="Readiness: the data root holds cases and the episode store answers",
 )
 async def readyz(request: Request):
     state = request.app.state.server
     ready, reason = state.readiness()
-    body = ReadyResponse(ready=ready, patients=len(state.case_ids()), reason=reason)
+    live = None
+    try:
+        await state.store.ping()
+        live = await state.store.live(time.time())
+    except StoreUnavailableError as exc:
+        ready, reason = False, reason or str(exc)
+    settings = state.settings
+    body = ReadyResponse(
+        ready=ready,
+        patients=len(state.case_ids()),
+        reason=reason,
+        store=state.store.name,
+        episodes_live=live,
+        max_episodes=settings.max_episodes,
+        episode_idle_s=settings.episode_idle_s,
+    )
     return JSONResponse(body.model_dump(), status_code=200 if ready else 503)
 
 
@@ -45,5 +64,6 @@ async def readyz(request: Request):
 async def metrics(request: Request) -> Response:
     state = request.app.state.server
     state.note_gauges()
-    state.metrics.episodes_live.set(state.episodes.live())
+    with contextlib.suppress(StoreUnavailableError):  # the metrics answer while the store is down
+        state.metrics.episodes_live.set(await state.store.live(time.time()))
     return Response(state.metrics.render(), media_type=state.metrics.content_type)

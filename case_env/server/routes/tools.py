@@ -1,12 +1,13 @@
-"""POST /v1/tools/{name} and GET /v1/tools: the tool calls verl's rollouts make.
+"""POST /v1/tools/{name} and GET /v1/tools: the tool calls verl's rollouts make, and the one path every
+door's calls take too (`settle`).
 
 A call passes, in order: readiness (503), admission (one of the in-flight slots, after at most a short
-queue; else 429 + Retry-After), case lookup (404), episode scope (403), tool and argument checks (ok
-false), the response cache (the same pure call on unchanged data answers from memory), then the handler in
-a bounded thread pool under the per-call deadline (504): image tools in the render pool, text tools in
-their own small pool so they never queue behind renders. Loading, rendering, PNG and base64 encoding all
-happen in those pools; the event loop only routes, books and answers. Every outcome is counted, written to
-the audit log and, once the episode is bound, to the episode's call list.
+queue; else 429 + Retry-After), case lookup (404), the row's settings (`context`, 422), the episode's
+binding in the store (bound to another case or other settings: 403; ended: 409; the store unreachable:
+503), tool and argument checks (ok false), the response cache (the same pure call on unchanged data answers
+from memory), then the handler under the per-call deadline (504): image tools in the render pool, text
+tools in their own small pool so they never queue behind renders. Every outcome is counted, appended to
+the episode's log in the store before its answer leaves, and written to the audit log.
 """
 
 from __future__ import annotations
@@ -20,16 +21,15 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-import pydantic_core
 from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ValidationError
 
+from case_env.core.calls import Call
 from case_env.core.control import inert
 from case_env.core.environment import Environment
 from case_env.core.errors import DataError, MissingDataError
 from case_env.core.llm import answer_within
-from case_env.core.parts import HeldContext
 from case_env.core.problems import describe_errors
 from case_env.core.resident import NotResidentError, resident_only
 from case_env.core.tools import (
@@ -42,7 +42,6 @@ from case_env.core.tools import (
 )
 from case_env.server.audit import AuditWriteError
 from case_env.server.auth import require_token
-from case_env.server.episodes import Call
 from case_env.server.errors import BAD_BODY, UNAUTHORIZED, error_response, short, status_of
 from case_env.server.models import (
     EnvironmentInfo,
@@ -54,6 +53,7 @@ from case_env.server.models import (
     ToolsResponse,
 )
 from case_env.server.state import ServerState
+from case_env.server.store import Binding, StoreUnavailableError
 
 log = logging.getLogger("case_env.server")
 FALLBACK_MARGIN_S = 0.25  # of a call's deadline, kept for the rules that answer when its model runs late
@@ -63,13 +63,20 @@ router = APIRouter(
 
 _ERROR_RESPONSES = {
     **BAD_BODY,
-    403: {"model": ToolCallResponse, "description": "The episode is bound to another case."},
+    403: {
+        "model": ToolCallResponse,
+        "description": "The episode is bound to another case, or to other settings (`context`).",
+    },
     404: {"model": ToolCallResponse, "description": "Unknown case."},
+    409: {"model": ToolCallResponse, "description": "The episode has ended (a door scored its answer)."},
     429: {
         "model": ToolCallResponse,
         "description": "Too many calls in flight; retry after Retry-After seconds.",
     },
-    503: {"model": ToolCallResponse, "description": "Not ready, or the case's stored data is unreadable."},
+    503: {
+        "model": ToolCallResponse,
+        "description": "Not ready: the case's stored data or the episode store cannot be reached.",
+    },
     504: {"model": ToolCallResponse, "description": "The call exceeded the per-call deadline."},
 }
 
@@ -83,14 +90,13 @@ class Outcome:
     digest: str | None = None
     headers: Mapping[str, str] | None = None  # Retry-After of a refusal; None, not a new dict per call
     bound: bool = False  # the episode is bound to this call's case: record the call there
-    encoded: tuple[bytes, ...] = ()  # each image's base64, spliced into the answer (`with_images`)
     sampled: bool = False  # a sample, not the call's function: neither cached nor shared with its twins
     fallback: str | None = None  # the tool's model failed and its rules answered (ToolResult.fallback)
 
     @property
     def nbytes(self) -> int:
         """What the response cache counts against its budget: the text and the base64 images."""
-        return len(self.text) + sum(map(len, self.encoded))
+        return len(self.text) + sum(len(image.data_b64) for image in self.images)
 
     @classmethod
     def failure(cls, code: ErrorCode, message: str, **kw) -> Outcome:
@@ -152,41 +158,39 @@ async def call_tool(
     body: ToolCallRequest,
     name: str = Path(max_length=64, description="Tool name, as listed by GET /v1/tools."),
 ) -> Response:
-    status, headers, payload = await answer(request.app.state.server, name, body)
-    return Response(payload, status_code=status, headers=headers, media_type="application/json")
-
-
-async def answer(
-    state: ServerState, name: str, body: ToolCallRequest
-) -> tuple[int, Mapping[str, str] | None, bytes]:
-    """One tool call, whole: served, counted, audited, recorded in its episode; (status, headers, JSON body).
-    The FastAPI route above and the server's fast path (`case_env.server.fastpath`) both answer with it."""
+    state = request.app.state.server
     outcome, latency_ms = await settle(state, name, body)
-    return outcome.status, outcome.headers, answer_json(outcome, name, body.episode_id, latency_ms)
+    payload = response(outcome, name, body.episode_id, latency_ms).model_dump_json()
+    return Response(
+        payload, status_code=outcome.status, headers=outcome.headers, media_type="application/json"
+    )
 
 
-def answer_fields(outcome: Outcome, tool: str, episode_id: str, latency_ms: float) -> dict:
-    """The `ToolCallResponse` of an outcome as a dict in the model's field order, images without their data
-    (`answer_json` splices it in; a door adds it as it sends them)."""
+def response(outcome: Outcome, tool: str, episode_id: str, latency_ms: float) -> ToolCallResponse:
+    """The `ToolCallResponse` of an outcome, every text a model reads without chat-template control strings
+    (core/control.py)."""
     error = outcome.error
     if error is not None and inert(error.message) != error.message:
         error = ErrorInfo(code=error.code, message=inert(error.message))
-    return {
-        "ok": error is None,
-        "tool": tool,
-        "episode_id": episode_id,
-        "text": inert(outcome.text),  # what a model reads: no chat-template control string (core/control.py)
-        "images": outcome.images,
-        "error": error,
-        "latency_ms": round(latency_ms, 2),
-    }
+    return ToolCallResponse(
+        ok=error is None,
+        tool=tool,
+        episode_id=episode_id,
+        text=inert(outcome.text),
+        images=list(outcome.images),
+        error=error,
+        latency_ms=round(latency_ms, 2),
+    )
 
 
 async def settle(state: ServerState, name: str, body: ToolCallRequest) -> tuple[Outcome, float]:
-    """One tool call served, counted, audited and recorded in its episode: its outcome and latency (ms)."""
+    """One tool call served, counted, appended to its episode's log and audited: its outcome and latency
+    (ms). The route above and every door answer with it."""
     started = time.perf_counter()
     outcome = await _serve(state, name, body, started)
     latency_ms = (time.perf_counter() - started) * 1000
+    if outcome.bound:  # in the store before the answer leaves: a worker killed now loses nothing answered
+        outcome = await _record(state, name, body, outcome, latency_ms)
     status = str(outcome.error.code) if outcome.error else "ok"
     state.metrics.observe(name if name in state.tools else "_unknown", status, latency_ms / 1000)
     if outcome.fallback is not None:
@@ -208,40 +212,42 @@ async def settle(state: ServerState, name: str, body: ToolCallRequest) -> tuple[
             state.not_ready(str(exc))
             outcome = Outcome.failure(ErrorCode.NOT_READY, "the service cannot record calls; retry later")
             outcome.headers = _retry(state)
-    if outcome.bound:
-        state.episodes.record(
-            body.episode_id,
-            body.patient_id,
-            Call(name, body.arguments, status, outcome.status, latency_ms, outcome.digest, outcome.fallback),
-        )
-        if state.holds_context(name):
-            state.episodes.flush()  # now, not at the next tick: the episode's next call may reach another worker
     return outcome, latency_ms
 
 
-def answer_json(outcome: Outcome, tool: str, episode_id: str, latency_ms: float) -> bytes:
-    """The `ToolCallResponse` of an outcome as JSON bytes. Its fields go to pydantic-core's serialiser as a
-    dict in the model's field order, which gives the bytes of the model's own `model_dump_json`
-    (`tests/test_server_api.py` checks it) in a fifth of the time: `model_construct` alone cost 3 % of a
-    cheap call (py-spy profile)."""
-    body = pydantic_core.to_json(answer_fields(outcome, tool, episode_id, latency_ms))
-    return with_images(body, outcome.encoded) if outcome.encoded else body
+async def _record(
+    state: ServerState, name: str, body: ToolCallRequest, outcome: Outcome, latency_ms: float
+) -> Outcome:
+    """Append the call to its episode's log; the outcome to answer (a refusal when the episode ended or the
+    store failed meanwhile)."""
+    spec = state.tools.get(name)
+    call = Call(
+        tool=name,
+        arguments=body.arguments,
+        status=str(outcome.error.code) if outcome.error else "ok",
+        http_status=outcome.status,
+        latency_ms=round(latency_ms, 3),
+        text=outcome.text if spec is not None and spec.remember and outcome.error is None else None,
+        fallback=outcome.fallback,
+        output_digest=outcome.digest,
+    )
+    try:
+        recorded = await state.store.append(body.episode_id, body.patient_id, call, time.time())
+    except StoreUnavailableError as exc:
+        return _store_down(state, exc)
+    if not recorded:
+        return Outcome.failure(ErrorCode.EPISODE_ENDED, ENDED)
+    return outcome
 
 
-def with_images(body: bytes, encoded: Sequence[bytes], field: bytes = b"data_b64") -> bytes:
-    """JSON with each image's base64 in the place of its empty `field`, in order. Base64 needs no JSON
-    escaping, so this is the JSON the serialiser gives for the whole text, without it scanning 30 KB of
-    base64 for characters to escape (3 % of a render, py-spy profile). An empty field cannot occur inside a
-    string (there every quote is escaped), so it is an image's unless a caller's own keys hold one: the
-    count is checked."""
-    empty = b'"%s":""' % field
-    parts = body.split(empty)
-    if len(parts) != len(encoded) + 1:
-        raise RuntimeError(f"{len(parts) - 1} image fields in the answer for {len(encoded)} images")
-    spliced = [parts[0]]
-    for data, rest in zip(encoded, parts[1:], strict=True):
-        spliced += [empty[:-1], data, b'"', rest]
-    return b"".join(spliced)
+ENDED = "this episode has ended or expired; start a new one with a new episode id"
+
+
+def _store_down(state: ServerState, exc: StoreUnavailableError) -> Outcome:
+    log.warning("%s", exc)
+    state.metrics.store_failures.inc()
+    message = "the episode store is unreachable; retry shortly"
+    return Outcome.failure(ErrorCode.NOT_READY, message, headers=_retry(state))
 
 
 async def _serve(state: ServerState, name: str, body: ToolCallRequest, started: float) -> Outcome:
@@ -270,30 +276,44 @@ async def _admitted(
     env_name = state.environment(case_id, name)
     if env_name is None:
         return Outcome.failure(ErrorCode.UNKNOWN_PATIENT, f"unknown case {case_id!r}")
-    bound_to = state.episodes.bind(body.episode_id, case_id)
-    if bound_to != case_id:
-        return Outcome.failure(ErrorCode.SCOPE_VIOLATION, "this episode is bound to another case")
-    state.warm(env_name, case_id)
     env = state.environments[env_name]
+    # the row's settings, by the model of the environment whose tool the call names: a request that breaks
+    # /openapi.json's schema is refused before anything is bound
+    owner = state.environments[state.tool_env[name]] if spec is not None else env
+    sent, refused = _context(owner, body.context)
+    if refused is not None:
+        return refused
+    settings = sent.model_dump_json() if sent is not None and owner is env else None
+    try:
+        bound, calls = await state.store.bind(
+            body.episode_id,
+            Binding(case_id, env_name, settings),
+            time.time(),
+            with_calls=settings is not None,
+        )
+    except StoreUnavailableError as exc:
+        return _store_down(state, exc)
+    if bound.case_id != case_id:
+        return Outcome.failure(ErrorCode.SCOPE_VIOLATION, "this episode is bound to another case")
+    if bound.ended:
+        return Outcome.failure(ErrorCode.EPISODE_ENDED, ENDED)
+    if settings is not None and bound.context is not None and bound.context != settings:
+        message = (
+            f"this episode was started with other settings ({short(bound.context, 200)}); send them unchanged"
+        )
+        return Outcome.failure(ErrorCode.SCOPE_VIOLATION, message)
+    state.warm(env_name, case_id)
     if spec is None:
         valid = ", ".join(env.tools)
         return Outcome.failure(
             ErrorCode.UNKNOWN_TOOL, f"unknown tool {name!r}; available tools: {valid}", bound=True
         )
-    if state.tool_env[name] != env_name:  # another environment's tool
-        owner = state.environments[state.tool_env[name]]
-        _, refused = _context(owner, body.context)  # a request that breaks the schema is refused first
-        if refused is not None:
-            return refused
+    if owner is not env:  # another environment's tool
         message = (
             f"{name} is {_a(owner.title)} tool; this case is {_a(env.title)} case, not {_a(owner.title)} case"
         )
         return Outcome.failure(ErrorCode.NOT_AVAILABLE, message, bound=True)
-    episode, refused = _context(env, body.context)
-    if refused is not None:
-        return refused
-    if episode is not None and isinstance(env, HeldContext):
-        episode = env.held_context(episode, state.episodes.calls(body.episode_id))
+    episode = env.episode_context(sent, calls) if sent is not None else None
     return await _run(state, env_name, env, spec, episode, body, started)
 
 
@@ -442,6 +462,6 @@ def _success(result: ToolResult) -> Outcome:
     images = []
     for image in result.images:
         digest.update(image.png)
-        images.append(ImagePayload(mime=image.mime, width=image.width, height=image.height, data_b64=""))
-    encoded = tuple([base64.b64encode(image.png) for image in result.images])
-    return Outcome(200, result.text, images, digest=digest.hexdigest()[:32], bound=True, encoded=encoded)
+        data = base64.b64encode(image.png).decode()
+        images.append(ImagePayload(mime=image.mime, width=image.width, height=image.height, data_b64=data))
+    return Outcome(200, result.text, images, digest=digest.hexdigest()[:32], bound=True)

@@ -34,7 +34,7 @@ from case_env.core.parts import ServerBenchOptions
 from case_env.envs.imaging.bench.mixes import episode_calls
 from case_env.envs.imaging.data.index import scan
 from case_env.envs.imaging.settings import ImagingSettings
-from case_env.server.http import PROTOCOL as HTTP_PROTOCOL
+from case_env.server.connections import PROTOCOL as HTTP_PROTOCOL
 
 ENGINES = {
     "case-env": "case_env.server.app:create_app",
