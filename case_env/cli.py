@@ -242,6 +242,9 @@ def serve(
             # the OpenEnv door's observations are mostly base64 PNG, which deflate cannot shrink: compressing
             # them cost a quarter of the door's server CPU (py-spy), for nothing on loopback or a cluster's LAN
             ws_per_message_deflate=False,
+            # a door's frame past twice the largest body any route takes is dropped by uvicorn itself; below
+            # that the door answers an oversized frame with its own error (server/doors/openenv.py)
+            ws_max_size=2 * settings.max_score_body_bytes,
         )
 
 
@@ -746,6 +749,12 @@ def bench_server(
         help="An environment served from a data root: doors measured beside the tool API on one worker, "
         "comma-separated (openenv, mcp; their extras) [default: none].",
     ),
+    stores: str = typer.Option(
+        None,
+        "--stores",
+        help="An environment served from a data root: episode stores measured in turns, comma-separated "
+        "(sqlite, redis: a redis-server started for the run) [default: sqlite].",
+    ),
     model_latency_ms: str = typer.Option(
         None,
         "--model-latency-ms",
@@ -791,6 +800,7 @@ def bench_server(
         baseline=baseline,
         cache_mb=cache_mb,
         doors=doors,
+        stores=stores,
         model_latency_ms=latencies,
         model_failure_rate=model_failure_rate,
         rewards=rewards,

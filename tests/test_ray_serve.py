@@ -12,8 +12,7 @@ import sys
 import httpx
 import pytest
 
-from case_env.bench.process import free_port, wait_ready
-from tests.redis_harness import RedisServer
+from case_env.bench.process import RedisServer, free_port, wait_ready
 from tests.server_harness import live_server
 
 CALLS = [

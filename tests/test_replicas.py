@@ -9,11 +9,10 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from case_env.bench.process import ServerProcess
+from case_env.bench.process import RedisServer, ServerProcess
 from case_env.envs.casereason.cases import read_file
 from case_env.envs.casereason.synth import write_cases
 from case_env.envs.clinic.synth import make_cases, write_csv
-from tests.redis_harness import RedisServer
 
 
 @pytest.fixture(scope="module")

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
+from case_env.bench.process import RedisServer
 from case_env.core.calls import Call
 from case_env.server.store import Binding, StoreUnavailableError, open_store
-from tests.redis_harness import redis_server
 
 
 @pytest.fixture(scope="module")
 def redis(tmp_path_factory):
-    with redis_server(tmp_path_factory.mktemp("redis")) as server:
+    with RedisServer(tmp_path_factory.mktemp("redis")) as server:
         yield server
 
 
@@ -160,7 +160,7 @@ def test_idle_episodes_expire(make, request):
 
 
 def test_an_unreachable_redis_is_named_and_binds_nothing(tmp_path):
-    with redis_server(tmp_path / "redis") as server:
+    with RedisServer(tmp_path / "redis") as server:
         store = open_store(server.url, None, 100.0, 10, 4)
         server.kill()
 

@@ -24,6 +24,8 @@ class Sampler:
 
     root: psutil.Process
     interval: float = 0.25
+    # processes whose CPU counts as the server's too, without their children (the Redis its episodes live in)
+    extra: list[psutil.Process] = field(default_factory=list)
     peak_rss: int = 0
     peak_pss: int = 0
     _stop: bool = False
@@ -31,9 +33,9 @@ class Sampler:
 
     def _tree(self) -> list[psutil.Process]:
         try:
-            return [self.root, *self.root.children(recursive=True)]
+            return [self.root, *self.root.children(recursive=True), *self.extra]
         except psutil.NoSuchProcess:
-            return []
+            return list(self.extra)
 
     def cpu_seconds(self) -> float:
         total = 0.0

@@ -1,4 +1,5 @@
-"""The server as a child process: what benchmarks and reliability checks need and a thread cannot give.
+"""The server (and a Redis for its episodes) as child processes: what benchmarks and reliability checks
+need and a thread cannot give.
 
 A server in a thread of the caller shares its interpreter, so it cannot be killed with SIGKILL, its memory
 and file descriptors cannot be told apart from the caller's, and the two fight over one GIL. Here the server
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -119,3 +121,78 @@ class ServerProcess:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+class RedisServer:
+    """A real `redis-server` (Debian's package) on a free loopback port, in a folder of its own, with
+    append-only persistence so that a restart keeps what it held: the shared episode store of a
+    benchmark's or a check's replicas."""
+
+    def __init__(self, folder: Path, port: int | None = None):
+        self.folder = folder
+        self.port = port or free_port()
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None, "not started"
+        return self.process.pid
+
+    def start(self, ready_s: float = 20.0) -> RedisServer:
+        import redis
+
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError("redis-server is not installed (Debian: apt-get install redis-server)")
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.process = subprocess.Popen(
+            [
+                *(binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.folder)),
+                *("--appendonly", "yes", "--appendfsync", "always", "--save", ""),
+                *("--daemonize", "no", "--logfile", str(self.folder / "redis.log")),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + ready_s
+        client = redis.Redis(host="127.0.0.1", port=self.port, socket_connect_timeout=0.5)
+        try:
+            while True:
+                try:
+                    client.ping()
+                    return self
+                except redis.ConnectionError:
+                    if self.process.poll() is not None or time.monotonic() > deadline:
+                        raise RuntimeError(
+                            f"redis-server did not start: see {self.folder / 'redis.log'}"
+                        ) from None
+                    time.sleep(0.05)
+        finally:
+            client.close()
+
+    def stop(self) -> None:
+        """A clean shutdown: Redis writes what it holds (its append-only file) before it exits."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            self.process.wait(timeout=30)
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=30)
+
+    def flush(self) -> None:
+        import redis
+
+        with contextlib.closing(redis.Redis(host="127.0.0.1", port=self.port)) as client:
+            client.flushall()
+
+    def __enter__(self) -> RedisServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.kill()

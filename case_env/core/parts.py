@@ -288,6 +288,7 @@ class ServerBenchOptions(BaseModel):
     baseline: str | None = None
     cache_mb: int | None = None
     doors: str | None = None
+    stores: str | None = None
     # a model-waiting benchmark
     model_latency_ms: list[float] | None = None
     model_failure_rate: float | None = None

@@ -13,11 +13,12 @@ should call it.
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 from fastapi import FastAPI
 from pydantic import BaseModel
-from starlette.routing import Mount
+from starlette.routing import Mount, Route
 
 from case_env.core import registry
 from case_env.core.environment import Environment
@@ -109,26 +110,70 @@ MCP_OPERATION = {
     "summary": "MCP streamable HTTP (JSON-RPC): tools/list, tools/call",
     "description": "An MCP client's endpoint (the Model Context Protocol's streamable HTTP transport).",
     "security": [{"HTTPBearer": []}],
-    "responses": {"200": {"description": "A JSON-RPC answer, as JSON or an event stream."}},
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "description": "A JSON-RPC 2.0 request or notification, with MCP's headers "
+                    "(Mcp-Protocol-Version; Accept naming application/json and text/event-stream).",
+                    "properties": {
+                        "jsonrpc": {"type": "string", "enum": ["2.0"]},
+                        "id": {"type": ["string", "integer"]},
+                        "method": {"type": "string"},
+                        "params": {"type": "object"},
+                    },
+                    "required": ["jsonrpc", "method"],
+                }
+            }
+        },
+    },
+    "responses": {
+        "200": {"description": "A JSON-RPC answer (a result or an error), as JSON or an event stream."},
+        "202": {"description": "A notification or response accepted."},
+        "400": {"description": "Not a JSON-RPC request the protocol takes, or a header that contradicts it."},
+        "401": {"description": "Missing or wrong bearer token."},
+        "404": {"description": "An unknown or expired MCP session."},
+        "405": {"description": "A method the endpoint does not serve."},
+        "406": {"description": "An Accept header without application/json or text/event-stream."},
+        "413": {"description": "Request body too large."},
+        "415": {"description": "A body that is not application/json."},
+        "422": {"description": "A request of a protocol version the endpoint does not take."},
+    },
 }
 
 
 def _doors(schema: dict, app: FastAPI) -> None:
-    """The doors' routes: an OpenEnv app's own document under its mount, an MCP endpoint as one operation."""
+    """The doors' routes: an OpenEnv app's own document under its mount (its schemas renamed where a name is
+    the server's own), an MCP endpoint as one operation."""
     for route in app.routes:
+        if isinstance(route, Route) and route.path.startswith("/mcp/"):
+            schema["paths"][route.path] = {"post": copy.deepcopy(MCP_OPERATION)}
+            continue
         if not isinstance(route, Mount):
             continue
         door = getattr(route.app, "app", route.app)  # the app behind a door's guard (FrameGuard)
-        if isinstance(door, FastAPI):
-            mounted = door.openapi()
-            for path, operations in mounted.get("paths", {}).items():
-                for operation in operations.values():
-                    operation["tags"] = ["openenv"]
-                    operation["operationId"] = (
-                        f"{route.path.strip('/').replace('/', '_')}_{operation.get('operationId', path)}"
-                    )
-                    operation["security"] = [{"HTTPBearer": []}]
-                schema["paths"][route.path + path] = operations
-            schema["components"]["schemas"].update(mounted.get("components", {}).get("schemas", {}))
-        elif route.path.startswith("/mcp/"):
-            schema["paths"][route.path + "/"] = {"post": copy.deepcopy(MCP_OPERATION)}
+        if not isinstance(door, FastAPI):
+            continue
+        components = schema["components"]["schemas"]
+        mounted = door.openapi()
+        text = json.dumps(mounted)
+        for name, found in mounted.get("components", {}).get("schemas", {}).items():
+            if name in components and components[name] != found:  # two schemas, one name: theirs renamed
+                text = text.replace(f'"#/components/schemas/{name}"', f'"#/components/schemas/OpenEnv{name}"')
+        mounted = json.loads(text)
+        for name, found in mounted.get("components", {}).get("schemas", {}).items():
+            renamed = name if name not in components or components[name] == found else f"OpenEnv{name}"
+            components[renamed] = found
+        for path, operations in mounted.get("paths", {}).items():
+            for operation in operations.values():
+                operation["tags"] = ["openenv"]
+                operation["operationId"] = (
+                    f"{route.path.strip('/').replace('/', '_')}_{operation.get('operationId', path)}"
+                )
+                operation["security"] = [{"HTTPBearer": []}]
+                operation.setdefault("responses", {})["401"] = {
+                    "description": "Missing or wrong bearer token."
+                }
+            schema["paths"][route.path + path] = operations

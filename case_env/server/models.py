@@ -64,17 +64,23 @@ class ToolCallRequest(BaseModel):
 
 MAX_DEPTH = 16  # a tool's arguments are scalars and enums (docs/architecture.md); context nests a few levels
 MAX_NODES = 4096
+# characters of text in a call's arguments (and in its context): the HTTP body limit's 64 KiB, so a call that
+# reaches the tools through a door's larger frames is bounded alike, and the logs take no more of it
+MAX_TEXT = 65536
 
 
 def _check_shape(value: Any, surrogates: bool) -> None:
     pending = [(value, 0)]  # iterative: the JSON parser allows deeper nesting than Python's stack
-    nodes = 0
+    nodes = text = 0
     while pending:
         item, depth = pending.pop()
         nodes += 1
         if nodes > MAX_NODES:
             raise ValueError(f"more than {MAX_NODES} values")
         if isinstance(item, str):
+            text += len(item)
+            if text > MAX_TEXT:
+                raise ValueError(f"more than {MAX_TEXT} characters of text")
             if surrogates:
                 try:
                     item.encode("utf-8")

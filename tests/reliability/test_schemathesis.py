@@ -1,5 +1,6 @@
 """Check 16 (issue 31): schemathesis' own run, every check, a fixed seed, over every route of every hosted
-environment (one path per tool in /openapi.json), with real ids supplied by a hook: 0 failures.
+environment (one path per tool in /openapi.json) and every door's documented routes (OpenEnv's, MCP's and
+the bank rows), with real ids supplied by a hook: 0 failures.
 
 Unlike check 1 (`test_fuzz.py`, schemathesis' Python API driven by this suite's strategies), this is the CLI
 a user would run, with all its phases (examples, coverage, fuzzing, stateful) and checks, the statuses the
@@ -25,12 +26,13 @@ TOKEN = "schemathesis-token-0123456789"
 HERE = Path(__file__).parent
 
 
-def test_schemathesis_reports_no_failures(dataset, tmp_path, figures):
+def test_schemathesis_reports_no_failures(dataset, bank, tmp_path, figures):
     write_csv(make_cases(20, 0), tmp_path / "clinic" / "clinic_synthetic.csv")
     write_cases(12, 0, tmp_path / "casereason" / "cases.jsonl")
+    doors = {"protocols": "verl,openenv,mcp", "banks": [bank]}
     with (
         env(CASE_ENV_CLINIC_CASES=tmp_path / "clinic", CASE_ENV_CASEREASON_CASES=tmp_path / "casereason"),
-        live_server(dataset, tmp_path / "srv", token=TOKEN) as server,
+        live_server(dataset, tmp_path / "srv", token=TOKEN, **doors) as server,
     ):
         state = server.state
         ids = {
@@ -71,6 +73,7 @@ def test_schemathesis_reports_no_failures(dataset, tmp_path, figures):
     figures["summary"] = summary.group(0) if summary else out[-500:]
     failures = re.search(r"(\d+) failures?", out.splitlines()[-1] if out else "")
     figures["failures"] = int(failures.group(1)) if failures else 0
+    (tmp_path.parent / "schemathesis.out").write_text(out)
     assert done.returncode == 0, out[-6000:] + done.stderr[-2000:]
     assert summary and int(summary.group(1)) >= size(ci=3000, full=12000)
     assert (

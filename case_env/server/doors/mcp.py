@@ -24,6 +24,7 @@ from fastapi import FastAPI
 from mcp.server.lowlevel.server import Server
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
+from starlette.routing import Route
 
 from case_env.core.environment import Environment
 from case_env.server.doors.episodes import DoorEpisode, DoorError, Start
@@ -152,10 +153,13 @@ class CaseMCP:
 
 
 def install(app: FastAPI, hosted: dict[str, Environment], settings: ServerSettings) -> list[CaseMCP]:
-    """Mount each environment's MCP endpoint at /mcp/<env>/; the lifespan runs each one's session manager."""
+    """Serve each environment's MCP endpoint at exactly /mcp/<env>/ (a route, not a mount: no path below it
+    is the endpoint), for POST: the streamable transport lets a server refuse GET and DELETE (405), and a
+    client then goes on without a stream of its own; the lifespan runs each one's session manager."""
     servers = []
     for name, env in hosted.items():
         server = CaseMCP(app, env, settings.max_in_flight * 4, settings.episode_idle_s)
-        app.mount(f"/mcp/{name}", StreamableHTTPASGIApp(server.sessions))
+        endpoint = StreamableHTTPASGIApp(server.sessions)
+        app.router.routes.append(Route(f"/mcp/{name}/", endpoint, methods=["POST"]))
         servers.append(server)
     return servers

@@ -27,7 +27,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from case_env.core.environment import Environment
 from case_env.server.doors.episodes import DoorEpisode, DoorError, Start
-from case_env.server.models import MAX_DEPTH
 from case_env.server.settings import ServerSettings
 
 
@@ -130,6 +129,10 @@ class CaseEnvironment(OpenEnvEnvironment[CaseAction, CaseObservation, CaseState]
         )
 
 
+def _task_route(path: str) -> bool:
+    return path == "/list_environments" or path.startswith("/{env_name}/")
+
+
 def _error(message: str, code: str) -> str:
     """An error frame as OpenEnv's own server writes one (`WSErrorResponse`)."""
     return json.dumps({"type": "error", "data": {"message": message, "code": code}})
@@ -140,19 +143,12 @@ def _frame_problem(message: Message, max_bytes: int) -> str | None:
     text = message.get("text")
     if text is None:
         return "binary frames are not read: send each message as JSON text"
-    if len(text) > max_bytes:
+    if len(text) > max_bytes:  # before parsing: a large frame costs the event loop nothing more
         return f"message too large: at most {max_bytes} bytes are read"
-    depth = deepest = 0
-    for char in text:  # nesting is counted before parsing: the parser recurses once per level
-        if char in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif char in "]}":
-            depth -= 1
-    if deepest > MAX_DEPTH + 4:  # the message's own envelope and data, then the arguments' limit
-        return f"message nested deeper than {MAX_DEPTH + 4} levels"
     try:
         document = json.loads(text)
+    except RecursionError:
+        return "message nested too deeply"
     except ValueError as exc:
         return f"Invalid JSON: {exc}"
     if not isinstance(document, dict):
@@ -206,6 +202,9 @@ def install(app: FastAPI, hosted: dict[str, Environment], settings: ServerSettin
             state_cls=CaseState,
         )
         server.register_routes(sub, mode="production")  # no stateless /reset, /step: episodes live on /ws
+        # its Task API answers 501 for an environment without one: the served rows are `GET /v1/rows/<env>`,
+        # and `reset` takes a split and index
+        sub.router.routes = [r for r in sub.router.routes if not _task_route(getattr(r, "path", ""))]
         app.mount(f"/openenv/{name}", FrameGuard(sub, settings.max_score_body_bytes))
         mounted.append(sub)
     return mounted
