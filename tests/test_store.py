@@ -199,3 +199,30 @@ def test_episodes_outlive_a_restart(make, request, tmp_path):
     found = run(read())
     assert found.binding == Binding("case0001", "casereason", '{"attempts":3}')
     assert [c.tool for c in found.calls] == ["submit_diagnosis"] and found.calls_total == 1
+
+
+def test_a_binding_a_worker_remembers_never_outlives_its_episode(make):
+    """A worker answers a known episode's binding from memory; the store's own check at the append decides:
+    an episode another worker ended takes no more calls, and one that expired meanwhile is bound anew."""
+
+    async def play():
+        a, b = make(idle_s=0.4), make(idle_s=0.4)
+        binding = Binding("case0001", "imaging")
+        await a.bind("ended", binding, 1000.0)
+        await b.end("ended", {"score": 1.0}, 1000.1)
+        remembered, _ = await a.bind("ended", binding, 1000.2, remembered=True)
+        refused = await a.append("ended", "case0001", call(0), 1000.2)
+        asked, _ = await a.bind("ended", binding, 1000.3)
+        now = __import__("time").time()
+        await a.bind("brief", binding, now, remembered=True)
+        await asyncio.sleep(0.6)
+        await b.sweep(now + 0.6)  # SQLite's sweep; Redis expires it by itself
+        again = await a.append("brief", "case0001", call(1), now + 0.6)
+        found = await b.get("brief")
+        for store in (a, b):
+            await store.close()
+        return remembered, refused, asked, again, found
+
+    remembered, refused, asked, again, found = run(play())
+    assert not remembered.ended and not refused and asked.ended
+    assert again and found.calls_total == 1 and [c.arguments["n"] for c in found.calls] == [1]

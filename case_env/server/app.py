@@ -27,7 +27,7 @@ from case_env.core.tools import ErrorCode
 from case_env.server import contract, doors
 from case_env.server.admission import Admission
 from case_env.server.audit import AuditLog
-from case_env.server.auth import AuthError, TokenGate
+from case_env.server.auth import TokenGate
 from case_env.server.errors import INTERNAL_MESSAGE, error_response, short
 from case_env.server.limits import BodyLimit
 from case_env.server.metrics import Metrics
@@ -136,12 +136,14 @@ def create_app(
         redirect_slashes=False,
         **_telemetry(settings),
     )
+    # ours, not FastAPI's `max_body_size`: Starlette's limit answers a body over it with its own plain-text
+    # 413, replacing any JSON answer the app makes, where every refusal here is `{ok, error}`
     app.add_middleware(
         BodyLimit, max_bytes=settings.max_body_bytes, per_path={"/v1/score": settings.max_score_body_bytes}
     )
     app.add_middleware(TokenGate)  # added last, so outermost: the token before the body limit and validation
+    app.include_router(tools.router)  # the hot route first: routes are matched in order
     app.include_router(ops.router)
-    app.include_router(tools.router)
     app.include_router(episodes.router)
     app.include_router(score.router)
     mounted = doors.install(app, settings, hosted)
@@ -227,12 +229,6 @@ def _telemetry(settings: ServerSettings) -> dict:
 
 
 def _install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(AuthError)
-    async def _unauthorized(request: Request, exc: AuthError):
-        return error_response(
-            ErrorCode.UNAUTHORIZED, "missing or invalid bearer token", headers={"WWW-Authenticate": "Bearer"}
-        )
-
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError):
         message = short("invalid request: " + describe_errors(exc.errors()))

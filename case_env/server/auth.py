@@ -1,9 +1,9 @@
-"""Bearer-token check for /v1 routes and /metrics (constant-time comparison).
+"""Bearer-token check for every route but /healthz (constant-time comparison).
 
-`TokenGate` checks it in front of everything else, so a caller without the token learns nothing about a
-route: not whether its body is well formed (422), too large (413) or its path redirected (an outside audit found a
-malformed body answered 422 before 401). The routes still declare FastAPI's `HTTPBearer` dependency, so
-/openapi.json names the scheme on every route that needs it.
+`TokenGate`, an ASGI middleware, is the one place that refuses: in front of everything else, so a caller
+without the token learns nothing about a route: not whether its body is well formed (422), too large (413)
+or its path redirected (an outside audit found a malformed body answered 422 before 401). /openapi.json names
+the scheme on every route it guards (`contract.py`).
 """
 
 from __future__ import annotations
@@ -11,39 +11,15 @@ from __future__ import annotations
 import hmac
 import json
 
-from fastapi import Depends, Request
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from case_env.core.tools import ErrorCode
-
-bearer = HTTPBearer(auto_error=False, description="The server's token (CASE_ENV_TOKEN), when one is set.")
-
-
-class AuthError(Exception):
-    """Raised by the dependency; the app turns it into 401 with a WWW-Authenticate header."""
-
-
-def token_matches(credentials: HTTPAuthorizationCredentials | None, token: str) -> bool:
-    return presented_matches(credentials.credentials if credentials is not None else "", token)
 
 
 def presented_matches(presented: str, token: str) -> bool:
     """The token a client presented (surrounding space ignored) against the server's."""
     # compare_digest on equal-type inputs takes time independent of where they differ.
     return hmac.compare_digest(presented.strip().encode(), token.encode())
-
-
-async def require_token(
-    request: Request, credentials: HTTPAuthorizationCredentials | None = Depends(bearer)
-) -> None:
-    state = request.app.state.server
-    token = state.settings.token
-    if token is None:
-        return
-    if not token_matches(credentials, token.get_secret_value()):
-        state.audit.refusal(request.method, request.url.path, ErrorCode.UNAUTHORIZED.value, 401)
-        raise AuthError
 
 
 def presented_bearer(authorization: bytes | None, token: str) -> bool:

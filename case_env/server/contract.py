@@ -39,6 +39,7 @@ def install(app: FastAPI, hosted: dict[str, Environment], tool_env: dict[str, st
             _score_rows(schema)
             _error_codes(schema, hosted)
             _doors(schema, app)
+            _security(schema)
             app.openapi_schema = schema
         return app.openapi_schema
 
@@ -62,7 +63,10 @@ def _hosted_names(schema: dict, hosted: dict[str, Environment]) -> None:
 
 
 def _tool_paths(schema: dict, hosted: dict[str, Environment], tool_env: dict[str, str]) -> None:
+    from case_env.server.models import ToolCallRequest  # the route reads its body itself: no component yet
+
     generic = schema["paths"].pop(GENERIC)["post"]
+    _component(schema, ToolCallRequest)
     components = schema["components"]["schemas"]
     request = components.pop("ToolCallRequest")
     bodies = {}
@@ -97,6 +101,22 @@ def _score_rows(schema: dict) -> None:
     request = schema["components"]["schemas"]["ScoreRequest"]
     extra = request["properties"]["extra_info"]
     extra["anyOf"] = [_component(schema, registry.row_extra()), {"type": "null"}]
+
+
+def _security(schema: dict) -> None:
+    """The bearer token on every route but the liveness probe, as the token gate asks for it (`auth.py`)."""
+    from case_env.server.auth import guarded
+
+    schemes = schema.setdefault("components", {}).setdefault("securitySchemes", {})
+    schemes["HTTPBearer"] = {
+        "type": "http",
+        "scheme": "bearer",
+        "description": "The server's token (CASE_ENV_TOKEN), when one is set.",
+    }
+    for path, operations in schema["paths"].items():
+        if guarded(path):
+            for operation in operations.values():
+                operation["security"] = [{"HTTPBearer": []}]
 
 
 def _error_codes(schema: dict, hosted: dict[str, Environment]) -> None:

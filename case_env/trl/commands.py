@@ -102,6 +102,20 @@ def grpo(
     use_vllm: bool = typer.Option(
         False, "--use-vllm", help="Generate with vLLM, colocated (GPUs) [default: off]."
     ),
+    lora_rank: int = typer.Option(
+        0,
+        "--lora-rank",
+        min=0,
+        help="LoRA adapters of this rank on every linear layer; 0 trains every weight [default: 0].",
+    ),
+    resume: bool = typer.Option(
+        False, "--resume", help="Continue the run in --out from its last checkpoint, optimizer and log."
+    ),
+    gradient_checkpointing: bool = typer.Option(
+        True,
+        "--gradient-checkpointing/--no-gradient-checkpointing",
+        help="Recompute activations in the backward pass: less memory, more time [default: on].",
+    ),
 ) -> None:
     """GRPO with TRL's environment_factory: each rollout's tools call the case-env server within the row's case,
     its reward is case-env's reward for the row (CASE's second stage)."""
@@ -130,6 +144,9 @@ def grpo(
         save_steps,
         seed,
         use_vllm,
+        lora_rank,
+        resume,
+        gradient_checkpointing,
     )
     final = run_grpo(run)
     typer.echo(f"wrote {final} ({out / 'curve.png'}, {out / 'log.jsonl'})")

@@ -5,8 +5,11 @@ model: devices come from accelerate, bf16 is used where a GPU supports it, `--us
 to vLLM (TRL's colocated mode), and `accelerate launch -m case_env.trl.train ...` spreads either stage over
 GPUs. A model whose own chat template renders no tools gets case-env's template of its family and a response
 schema to read its calls (`tool_ready`). Every run writes its log (`log.jsonl`), checkpoints, the final model
-(`final/`) and its curves (`curve.png`: the reward, accuracy, format and calls per step); GRPO also writes
-every rollout with its episode, calls and reward (`rollouts.jsonl`).
+(`final/`) and its curves (`curve.png`: the reward, accuracy, format and calls per step), the log line by line
+as the run goes and the curves at each checkpoint, so a long run on a CPU can be watched, stopped and
+continued (`resume`: from the last checkpoint, its optimizer and its log); GRPO also writes every rollout
+with its episode, calls and reward (`rollouts.jsonl`). `lora_rank` > 0 trains LoRA adapters (peft) on every
+linear layer instead of every weight, and the final model is the merged one.
 """
 
 from __future__ import annotations
@@ -55,6 +58,9 @@ class GRPORun:
     save_steps: int = 10
     seed: int = 0
     use_vllm: bool = False
+    lora_rank: int = 0  # 0: every weight trained; else LoRA adapters of this rank on every linear layer
+    resume: bool = False  # from the last checkpoint in `out`, its optimizer, log and rollouts kept
+    gradient_checkpointing: bool = True  # recompute activations in the backward pass (memory for time)
 
 
 def tool_ready(tokenizer: Any, model_type: str | None) -> Any:
@@ -156,7 +162,10 @@ def run_grpo(run: GRPORun) -> Path:
     settings = RetryPolicy(base_url=run.server_url)
     rollouts = run.out / "rollouts.jsonl"
     run.out.mkdir(parents=True, exist_ok=True)
-    rollouts.unlink(missing_ok=True)
+    resume = _resumable(run.out) if run.resume else None
+    if resume is None:
+        rollouts.unlink(missing_ok=True)
+        (run.out / "log.jsonl").unlink(missing_ok=True)
     config = GRPOConfig(
         output_dir=str(run.out),
         max_steps=run.steps,
@@ -174,7 +183,7 @@ def run_grpo(run: GRPORun) -> Path:
         seed=run.seed,
         use_vllm=run.use_vllm,
         vllm_mode="colocate",
-        gradient_checkpointing=True,
+        gradient_checkpointing=run.gradient_checkpointing,
         **_devices(),
     )
     trainer = GRPOTrainer(
@@ -184,17 +193,55 @@ def run_grpo(run: GRPORun) -> Path:
         train_dataset=Dataset.from_list(rows),
         processing_class=tokenizer,
         environment_factory=factories(env, tool_sets, settings=settings),
+        peft_config=_lora(run.lora_rank),
+        callbacks=[_log_as_it_goes(run.out)],
     )
-    trainer.train()
+    trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     return _finish(
         trainer, tokenizer, run.out, asdict(run) | {"rows": len(rows), "tool_sets": len(tool_sets)}
     )
 
 
+def _lora(rank: int) -> Any:
+    """LoRA adapters of `rank` on every linear layer (peft), or None: every weight trained."""
+    if rank <= 0:
+        return None
+    from peft import LoraConfig
+
+    return LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules="all-linear")
+
+
+def _resumable(out: Path) -> Path | None:
+    """The last checkpoint of a run in `out`, or None (a run begun afresh)."""
+    steps = sorted(out.glob("checkpoint-*"), key=lambda p: int(p.name.rsplit("-", 1)[1]))
+    return steps[-1] if steps else None
+
+
+def _log_as_it_goes(out: Path) -> Any:
+    """A Trainer callback writing each log entry to `log.jsonl` as it comes and the curves at each save, so
+    a long run's progress can be read before it ends."""
+    from transformers import TrainerCallback
+
+    class LogAsItGoes(TrainerCallback):
+        def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kw: Any) -> None:
+            if logs and state.is_world_process_zero:
+                with (out / "log.jsonl").open("a", encoding="utf-8") as f:
+                    f.write(json.dumps({**logs, "step": state.global_step}, default=str) + "\n")
+
+        def on_save(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            if state.is_world_process_zero:
+                plot_curves([dict(e) for e in state.log_history], out / "curve.png")
+
+    return LogAsItGoes()
+
+
 def _finish(trainer: Any, tokenizer: Any, out: Path, settings: dict) -> Path:
-    """The final model and tokenizer, the log and its curves."""
+    """The final model (LoRA adapters merged into it) and tokenizer, the log and its curves."""
     final = out / "final"
-    trainer.save_model(str(final))
+    model = trainer.model
+    if hasattr(model, "merge_and_unload"):  # a peft model: the checkpoint a plain loader reads
+        model = model.merge_and_unload()
+    model.save_pretrained(str(final))
     tokenizer.save_pretrained(str(final))
     log = [dict(entry) for entry in trainer.state.log_history]
     with (out / "log.jsonl").open("w", encoding="utf-8") as f:

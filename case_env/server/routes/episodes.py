@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Path, Request
+from fastapi import APIRouter, Path, Request
 
 from case_env.core.tools import ErrorCode
-from case_env.server.auth import require_token
 from case_env.server.errors import BAD_BODY, UNAUTHORIZED, error_response
 from case_env.server.models import EPISODE_ID_PATTERN, EpisodeResponse, ErrorResponse
 from case_env.server.store import StoreUnavailableError
 
-router = APIRouter(
-    prefix="/v1", tags=["episodes"], dependencies=[Depends(require_token)], responses=UNAUTHORIZED
-)
+router = APIRouter(prefix="/v1", tags=["episodes"], responses=UNAUTHORIZED)
 
 
 @router.get(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, Field, ValidationError
 
@@ -21,12 +21,9 @@ from case_env.core.problems import describe_errors
 from case_env.core.registry import RegistryError
 from case_env.core.tools import ErrorCode
 from case_env.reward import RowError, capped, environment_of
-from case_env.server.auth import require_token
 from case_env.server.errors import BAD_BODY, UNAUTHORIZED, error_response, short
 
-router = APIRouter(
-    prefix="/v1", tags=["reward"], dependencies=[Depends(require_token)], responses=UNAUTHORIZED | BAD_BODY
-)
+router = APIRouter(prefix="/v1", tags=["reward"], responses=UNAUTHORIZED | BAD_BODY)
 
 
 class ScoreRequest(BaseModel):

@@ -16,11 +16,14 @@ ones before any live one; an episode idle for `idle_s` expires.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from case_env.core.calls import Call
+
+KNOWN = 65536  # bindings a worker remembers (a few MB)
 
 
 class StoreUnavailableError(RuntimeError):
@@ -60,23 +63,63 @@ class EpisodeStore(ABC):
         self.idle_s = idle_s
         self.max_episodes = max_episodes
         self.max_calls = max_calls
+        # bindings this worker has seen, for calls that need no more than the binding: a binding never changes
+        # while its episode lives, and `append` checks it again in the store, so a stale one (an episode
+        # ended, or expired and bound anew elsewhere) costs a refused record, never a wrong answer kept; a call
+        # naming another case than the one remembered asks the store
+        self._known: OrderedDict[str, Binding] = OrderedDict()
 
-    @abstractmethod
     async def bind(
-        self, episode_id: str, binding: Binding, now: float, with_calls: bool = False
+        self,
+        episode_id: str,
+        binding: Binding,
+        now: float,
+        with_calls: bool = False,
+        remembered: bool = False,
     ) -> tuple[Binding, list[Call]]:
         """The episode's binding: `binding` when the episode is new (this call created it), else the one
-        it has; and its calls so far when `with_calls` (oldest first, as many as `max_calls` keeps)."""
+        it has; and its calls so far when `with_calls` (oldest first, as many as `max_calls` keeps).
+        `remembered`: a binding this worker saw may answer, for a caller whose `append` checks it again."""
+        if remembered and not with_calls:
+            known = self._known.get(episode_id)
+            if known is not None and known == binding:
+                self._known.move_to_end(episode_id)
+                return known, []
+        bound, calls = await self._bind(episode_id, binding, now, with_calls)
+        self._known[episode_id] = bound
+        if len(self._known) > KNOWN:
+            self._known.popitem(last=False)
+        return bound, calls
 
     @abstractmethod
+    async def _bind(
+        self, episode_id: str, binding: Binding, now: float, with_calls: bool
+    ) -> tuple[Binding, list[Call]]: ...
+
     async def append(self, episode_id: str, case_id: str, call: Call, now: float) -> bool:
         """Record a call of the episode bound to `case_id`, durably enough to outlive a killed worker; False
         when the episode is no longer bound to that case or has ended (nothing recorded)."""
+        if await self._append(episode_id, case_id, call, now):
+            return True
+        known = self._known.pop(episode_id, None)
+        if known is None or known.case_id != case_id:
+            return False
+        # bound from memory: the episode expired or was evicted since. Bind it anew, as the store would have
+        # at this call's start, and record the call there
+        bound, _ = await self._bind(episode_id, known, now, False)
+        return bound == known and await self._append(episode_id, case_id, call, now)
 
     @abstractmethod
+    async def _append(self, episode_id: str, case_id: str, call: Call, now: float) -> bool: ...
+
     async def end(self, episode_id: str, reward: dict[str, Any], now: float) -> dict[str, Any] | None:
         """End a live episode with its reward; returns the reward it keeps (the first one given), None for
         an unknown episode."""
+        self._known.pop(episode_id, None)
+        return await self._end(episode_id, reward, now)
+
+    @abstractmethod
+    async def _end(self, episode_id: str, reward: dict[str, Any], now: float) -> dict[str, Any] | None: ...
 
     @abstractmethod
     async def binding(self, episode_id: str) -> Binding | None:

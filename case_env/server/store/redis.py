@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
@@ -23,6 +23,7 @@ from case_env.core.calls import Call
 from case_env.server.store import Binding, Episode, EpisodeStore, StoreUnavailableError
 
 PREFIX = "case-env:episode:"
+POOL = 64  # connections per worker: a Lua script takes tens of microseconds, so 64 keep up with any burst
 LIVE, ENDED = "case-env:live", "case-env:ended"
 
 # KEYS: the episode, its calls, the live and ended sets. ARGV: id, case, env, context, row, now, idle (ms),
@@ -88,20 +89,30 @@ class RedisStore(EpisodeStore):
 
     def __init__(self, url: str, idle_s: float, max_episodes: int, max_calls: int):
         super().__init__(idle_s, max_episodes, max_calls)
-        # one quick retry, then 503: a Redis that is down must not hold calls for redis-py's default backoff
-        self.redis = Redis.from_url(
-            url, socket_connect_timeout=2.0, socket_timeout=10.0, retry=Retry(NoBackoff(), 1)
+        # a bounded pool that calls wait on (redis-py's default refuses the call past its size); one quick
+        # retry, then 503: a Redis that is down must not hold calls for redis-py's default backoff
+        pool = BlockingConnectionPool.from_url(
+            url,
+            max_connections=POOL,
+            timeout=10.0,
+            socket_connect_timeout=2.0,
+            socket_timeout=10.0,
+            retry=Retry(NoBackoff(), 1),
         )
-        self._bind = self.redis.register_script(_BIND)
-        self._append = self.redis.register_script(_APPEND)
-        self._end = self.redis.register_script(_END)
+        self.pool = pool
+        self.redis = Redis(connection_pool=pool)
+        self._scripts = {
+            "bind": self.redis.register_script(_BIND),
+            "append": self.redis.register_script(_APPEND),
+            "end": self.redis.register_script(_END),
+        }
         self._idle_ms = str(int(idle_s * 1000))
 
     @staticmethod
     def _keys(episode_id: str) -> list[str]:
         return [PREFIX + episode_id, PREFIX + episode_id + ":calls"]
 
-    async def bind(
+    async def _bind(
         self, episode_id: str, binding: Binding, now: float, with_calls: bool = False
     ) -> tuple[Binding, list[Call]]:
         args = (
@@ -109,7 +120,7 @@ class RedisStore(EpisodeStore):
             *(repr(now), self._idle_ms, self.max_episodes, "1" if with_calls else "0", PREFIX),
         )
         try:
-            found = await self._bind(keys=[*self._keys(episode_id), LIVE, ENDED], args=args)
+            found = await self._scripts["bind"](keys=[*self._keys(episode_id), LIVE, ENDED], args=args)
         except RedisError as exc:
             raise _unavailable(exc) from None
         case_id, env, context, row, ended, calls = found
@@ -118,19 +129,19 @@ class RedisStore(EpisodeStore):
         )
         return kept, [Call.model_validate_json(c) for c in calls]
 
-    async def append(self, episode_id: str, case_id: str, call: Call, now: float) -> bool:
+    async def _append(self, episode_id: str, case_id: str, call: Call, now: float) -> bool:
         record = call.model_copy(update={"time": now}).model_dump_json(exclude_none=True)
         args = (episode_id, case_id, record, repr(now), self._idle_ms, self.max_calls)
         try:
-            seq = await self._append(keys=[*self._keys(episode_id), LIVE], args=args)
+            seq = await self._scripts["append"](keys=[*self._keys(episode_id), LIVE], args=args)
         except RedisError as exc:
             raise _unavailable(exc) from None
         return seq > 0
 
-    async def end(self, episode_id: str, reward: dict[str, Any], now: float) -> dict[str, Any] | None:
+    async def _end(self, episode_id: str, reward: dict[str, Any], now: float) -> dict[str, Any] | None:
         args = (episode_id, json.dumps(reward, default=str), repr(now), self._idle_ms)
         try:
-            kept = await self._end(keys=[*self._keys(episode_id), LIVE, ENDED], args=args)
+            kept = await self._scripts["end"](keys=[*self._keys(episode_id), LIVE, ENDED], args=args)
         except RedisError as exc:
             raise _unavailable(exc) from None
         return json.loads(kept) if kept else None
@@ -187,6 +198,7 @@ class RedisStore(EpisodeStore):
 
     async def close(self) -> None:
         await self.redis.aclose()
+        await self.pool.aclose()
 
 
 def _unavailable(exc: RedisError) -> StoreUnavailableError:

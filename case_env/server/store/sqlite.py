@@ -83,7 +83,7 @@ class SQLiteStore(EpisodeStore):
     def _writing(self):
         return _Transaction(self.db)
 
-    async def bind(
+    async def _bind(
         self, episode_id: str, binding: Binding, now: float, with_calls: bool = False
     ) -> tuple[Binding, list[Call]]:
         found = self._binding(episode_id)
@@ -134,7 +134,7 @@ class SQLiteStore(EpisodeStore):
         ).fetchall()
         return [Call.model_validate_json(row[0]) for row in rows]
 
-    async def append(self, episode_id: str, case_id: str, call: Call, now: float) -> bool:
+    async def _append(self, episode_id: str, case_id: str, call: Call, now: float) -> bool:
         with self._writing():
             counted = self.db.execute(
                 "UPDATE episodes SET calls_total = calls_total + 1, last_seen = ? "
@@ -152,7 +152,7 @@ class SQLiteStore(EpisodeStore):
                 )
         return True
 
-    async def end(self, episode_id: str, reward: dict[str, Any], now: float) -> dict[str, Any] | None:
+    async def _end(self, episode_id: str, reward: dict[str, Any], now: float) -> dict[str, Any] | None:
         with self._writing():
             ended = self.db.execute(
                 "UPDATE episodes SET reward = ?, live = 0, last_seen = ? WHERE id = ? AND reward IS NULL "
