@@ -31,9 +31,7 @@ def rows(run: Path) -> dict[tuple, dict]:
     return found
 
 
-def paired_interval(
-    diffs: list[float], resamples: int = 10_000, seed: int = 0
-) -> tuple[float, float, float]:
+def paired_interval(diffs: list[float], resamples: int = 10_000, seed: int = 0) -> tuple[float, float, float]:
     """(mean, low, high): the mean difference and its 95% percentile-bootstrap interval."""
     rng = random.Random(seed)
     n = len(diffs)

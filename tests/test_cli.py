@@ -107,7 +107,7 @@ def test_bench_server_measures_case_env_against_every_baseline(dataset, tmp_path
     code, stdout, terminal = on_a_terminal(
         *("bench", "server", "--data-root", str(dataset), "--out", str(tmp_path / "bench")),
         *("--rollouts", "4", "--duration", "2", "--warmup", "0.5", "--workers", "1"),
-        *("--baseline", "naive,openenv,floor", "--doors", "openenv,mcp"),
+        *("--baseline", "naive,openenv,floor", "--doors", "openenv,mcp", "--stores", "sqlite,redis"),
     )
     assert code == 0, terminal[-3000:]
     # on a terminal it says what runs now, on one rewritten line; its results alone go to stdout
@@ -115,7 +115,10 @@ def test_bench_server_measures_case_env_against_every_baseline(dataset, tmp_path
     assert "\r" not in stdout and "(episode mix, load)" not in stdout
     # ratios phrased one way, each target with its threshold
     assert re.search(r"^cheap mix: [\d.]+x openenv's calls/s, [\d.]+x its p99 latency, ", stdout, re.M)
-    assert re.search(r"^targets: \d+ of 10 met$", stdout, re.M)
+    assert re.search(r"^targets: \d+ of 12 met$", stdout, re.M)
+    assert re.search(
+        r"^cheap/no-cache with Redis: [\d.]+x SQLite's calls/s, [\d.]+x its CPU per call", stdout, re.M
+    )
     assert re.search(r"^  (met   |MISSED)  render p99 < 250 ms$", stdout, re.M)
     assert re.search(r"^  (met   |MISSED)  mcp-door <= 1.5x the tool API's CPU per call$", stdout, re.M)
     figures = json.loads((tmp_path / "bench" / "bench.json").read_text())
@@ -128,6 +131,8 @@ def test_bench_server_measures_case_env_against_every_baseline(dataset, tmp_path
             "case-env/cheap",
             "case-env/cheap/no-cache",
             "case-env/render/no-cache",
+            "case-env/no-cache/redis",
+            "case-env/cheap/no-cache/redis",
         ),
         *(f"{e}{mix}" for e in engines[1:] for mix in ("", "/cheap")),
         "openenv/render",
@@ -177,18 +182,27 @@ def test_bench_server_measures_case_env_against_every_baseline(dataset, tmp_path
     # the cheap and render mixes ran in turns: four rounds per engine, their calls summed, every engine in
     # every round; the episode mix one engine after the other
     paired = ("case-env/cheap", "case-env/cheap/no-cache", "naive/cheap", "openenv/cheap", "floor/cheap")
-    for name in (*paired, "case-env/render/no-cache", "openenv/render"):
+    stores = ("case-env/no-cache", "case-env/no-cache/redis", "case-env/cheap/no-cache/redis")
+    for name in (*paired, *stores, "case-env/render/no-cache", "openenv/render"):
         rounds = runs[name]["rounds"]
         assert len(rounds) == 4 and all(r["calls_per_s"] > 0 for r in rounds), name
         tool = "render_slice" if name.endswith(("render", "render/no-cache")) else "list_visits"
         assert runs[name]["latency_ms"][tool]["n"] == runs[name]["calls"]
-    assert "rounds" not in runs["case-env"] and "rounds" not in runs["case-env/no-cache"]
+    assert "rounds" not in runs["case-env"]
+    # each store against SQLite in the same mix, the Redis runs' CPU their servers' and redis-server's
+    assert set(figures["stores"]) == {"no-cache", "cheap/no-cache"}
+    for mix, ratio in figures["stores"].items():
+        redis, sqlite = runs[f"case-env/{mix}/redis"], runs[f"case-env/{mix}"]
+        assert redis["store"] == "redis" and sqlite["store"] == "sqlite"
+        assert ratio["cpu_per_call"] == round(
+            redis["server_cpu_ms_per_call"] / sqlite["server_cpu_ms_per_call"], 2
+        )
     assert figures["ratio_vs_naive"]["episode"]["unloaded_episode"] > 1  # decoding on every call is slower
     assert figures["ratio_vs_floor"]["episode"]["cpu_per_call"] > 1  # the floor does no work at all
     assert set(figures["met"]) == {
         *("calls_per_s", "render_p99_ms", "text_p99_ms", "zero_errors", "ratio_throughput"),
-        *("cheap_cpu_vs_floor", "calls_per_s_no_cache", "render_cpu_ms"),
-        *("openenv-door_cpu_vs_api", "mcp-door_cpu_vs_api"),
+        *("cheap_cpu_vs_floor", "calls_per_s_no_cache", "render_cpu_ms", "throughput_vs_openenv"),
+        *("openenv-door_cpu_vs_api", "mcp-door_cpu_vs_api", "store_cpu_vs_sqlite"),
     }
     # each door beside the tool API on one worker: its calls/s and server CPU per call as ratios to the API's
     api = runs["case-env/doors"]

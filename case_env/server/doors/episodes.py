@@ -144,7 +144,7 @@ class DoorEpisode:
             env.context_model.model_validate(context).model_dump_json() if context is not None else None
         )
         binding = Binding(case_id, env.name, settings, item.key if item is not None else None)
-        bound, _ = await _store(state.store.bind(episode.episode_id, binding, time.time()))
+        bound = await _store(state.store.bind(episode.episode_id, binding, time.time()))
         if bound.ended:
             raise DoorError(f"episode {episode.episode_id} has ended; start a new one with a new episode id")
         if bound != binding:
@@ -157,7 +157,7 @@ class DoorEpisode:
     ) -> DoorEpisode:
         """An episode a door started, by its id, from the store (whichever worker started it); `start` names
         how the door's client starts one."""
-        known = await _store(state.store.binding(episode_id)) if isinstance(episode_id, str) else None
+        known = (await _store(state.store.lookup(episode_id)))[0] if isinstance(episode_id, str) else None
         if known is None or known.env != env.name:
             raise DoorError(
                 f"unknown episode_id {episode_id!r}: call {start} and pass the episode_id it returns"

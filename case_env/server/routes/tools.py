@@ -6,8 +6,9 @@ queue; else 429 + Retry-After), case lookup (404), the row's settings (`context`
 binding in the store (bound to another case or other settings: 403; ended: 409; the store unreachable:
 503), tool and argument checks (ok false), the response cache (the same pure call on unchanged data answers
 from memory), then the handler under the per-call deadline (504): image tools in the render pool, text
-tools in their own small pool so they never queue behind renders. Every outcome is counted, appended to
-the episode's log in the store before its answer leaves, and written to the audit log.
+tools in their own small pool so they never queue behind renders. Every outcome is appended to the
+episode's log in one write before its answer leaves (a new episode's first call binds it there: a call that
+lost the race to another case is refused then, its answer never sent), counted and audited.
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ import asyncio
 import base64
 import functools
 import hashlib
+import json
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -88,7 +90,7 @@ class Outcome:
     error: ErrorInfo | None = None
     digest: str | None = None
     headers: Mapping[str, str] | None = None  # Retry-After of a refusal; None, not a new dict per call
-    bound: bool = False  # the episode is bound to this call's case: record the call there
+    binding: Binding | None = None  # the episode's binding the call is recorded under (None: not recorded)
     sampled: bool = False  # a sample, not the call's function: neither cached nor shared with its twins
     fallback: str | None = None  # the tool's model failed and its rules answered (ToolResult.fallback)
 
@@ -183,7 +185,19 @@ async def read_call(request: Request) -> ToolCallRequest:
     try:
         return ToolCallRequest.model_validate_json(raw)
     except ValidationError as exc:
-        raise RequestValidationError(exc.errors(include_url=False)) from None
+        errors = exc.errors(include_url=False)
+    if any(e["type"] == "json_invalid" for e in errors):
+        # pydantic's parser stops at 200 levels of nesting: JSON that Python reads is judged by the model
+        try:
+            parsed = json.loads(raw)
+        except (ValueError, RecursionError):
+            parsed = None
+        if parsed is not None:
+            try:
+                return ToolCallRequest.model_validate(parsed)
+            except ValidationError as deeper:
+                errors = deeper.errors(include_url=False)
+    raise RequestValidationError(errors)
 
 
 def _json_type(kind: str) -> bool:
@@ -214,7 +228,7 @@ async def settle(state: ServerState, name: str, body: ToolCallRequest) -> tuple[
     started = time.perf_counter()
     outcome = await _serve(state, name, body, started)
     latency_ms = (time.perf_counter() - started) * 1000
-    if outcome.bound:  # in the store before the answer leaves: a worker killed now loses nothing answered
+    if outcome.binding is not None:  # in the store before the answer leaves: a killed worker loses nothing
         outcome = await _record(state, name, body, outcome, latency_ms)
     status = str(outcome.error.code) if outcome.error else "ok"
     state.metrics.observe(name if name in state.tools else "_unknown", status, latency_ms / 1000)
@@ -257,12 +271,11 @@ async def _record(
         output_digest=outcome.digest,
     )
     try:
-        recorded = await state.store.append(body.episode_id, body.patient_id, call, time.time())
+        bound = await state.store.append(body.episode_id, outcome.binding, call, time.time())
     except StoreUnavailableError as exc:
         return _store_down(state, exc)
-    if not recorded:
-        return Outcome.failure(ErrorCode.EPISODE_ENDED, ENDED)
-    return outcome
+    refused = _refusal(bound, outcome.binding)  # another call won the episode meanwhile, or ended it
+    return outcome if refused is None else refused
 
 
 ENDED = "this episode has ended or expired; start a new one with a new episode id"
@@ -303,43 +316,61 @@ async def _admitted(
         return Outcome.failure(ErrorCode.UNKNOWN_PATIENT, f"unknown case {case_id!r}")
     env = state.environments[env_name]
     # the row's settings, by the model of the environment whose tool the call names: a request that breaks
-    # /openapi.json's schema is refused before anything is bound
+    # /openapi.json's schema is refused before anything is looked up
     owner = state.environments[state.tool_env[name]] if spec is not None else env
     sent, refused = _context(owner, body.context)
     if refused is not None:
         return refused
-    settings = sent.model_dump_json() if sent is not None and owner is env else None
+    settings = (
+        sent.model_dump_json() if owner is env and sent is not None else _settings_of(env, body.context)
+    )
+    wanted = Binding(case_id, env_name, settings)
     try:
-        bound, calls = await state.store.bind(
-            body.episode_id,
-            Binding(case_id, env_name, settings),
-            time.time(),
-            with_calls=settings is not None,
+        bound, calls = await state.store.lookup(
+            body.episode_id, with_calls=owner is env and sent is not None, wanted=wanted
         )
     except StoreUnavailableError as exc:
         return _store_down(state, exc)
-    if bound.case_id != case_id:
-        return Outcome.failure(ErrorCode.SCOPE_VIOLATION, "this episode is bound to another case")
-    if bound.ended:
-        return Outcome.failure(ErrorCode.EPISODE_ENDED, ENDED)
-    if settings is not None and bound.context is not None and bound.context != settings:
-        message = (
-            f"this episode was started with other settings ({short(bound.context, 200)}); send them unchanged"
-        )
-        return Outcome.failure(ErrorCode.SCOPE_VIOLATION, message)
+    if bound is not None:
+        refused = _refusal(bound, wanted)
+        if refused is not None:
+            return refused
+        wanted = bound
     state.warm(env_name, case_id)
     if spec is None:
         valid = ", ".join(env.tools)
-        return Outcome.failure(
-            ErrorCode.UNKNOWN_TOOL, f"unknown tool {name!r}; available tools: {valid}", bound=True
-        )
+        message = f"unknown tool {name!r}; available tools: {valid}"
+        return Outcome.failure(ErrorCode.UNKNOWN_TOOL, message, binding=wanted)
     if owner is not env:  # another environment's tool
         message = (
             f"{name} is {_a(owner.title)} tool; this case is {_a(env.title)} case, not {_a(owner.title)} case"
         )
-        return Outcome.failure(ErrorCode.NOT_AVAILABLE, message, bound=True)
+        return Outcome.failure(ErrorCode.NOT_AVAILABLE, message, binding=wanted)
     episode = env.episode_context(sent, calls) if sent is not None else None
-    return await _run(state, env_name, env, spec, episode, body, started)
+    return await _run(state, wanted, env, spec, episode, body, started)
+
+
+def _refusal(bound: Binding, wanted: Binding) -> Outcome | None:
+    """The refusal of a call whose episode is bound otherwise than it asks, or None."""
+    if bound.case_id != wanted.case_id:
+        return Outcome.failure(ErrorCode.SCOPE_VIOLATION, "this episode is bound to another case")
+    if bound.ended:
+        return Outcome.failure(ErrorCode.EPISODE_ENDED, ENDED)
+    if bound.context != wanted.context:
+        message = f"this episode was started with other settings ({short(str(bound.context), 200)}); send them unchanged"
+        return Outcome.failure(ErrorCode.SCOPE_VIOLATION, message)
+    return None
+
+
+def _settings_of(env: Environment, context: dict | None) -> str | None:
+    """The settings an episode of `env` is bound with when its call is not one of `env`'s tools: the context
+    sent, if `env` reads it, else its defaults."""
+    if env.context_model is None:
+        return None
+    try:
+        return env.context_model.model_validate(context or {}, strict=True).model_dump_json()
+    except ValidationError:
+        return env.context_model().model_dump_json()
 
 
 def _context(env: Environment, context: dict | None) -> tuple[BaseModel | None, Outcome | None]:
@@ -363,6 +394,19 @@ def _a(word: str) -> str:
 
 async def _run(
     state: ServerState,
+    binding: Binding,
+    env: Environment,
+    spec: ToolSpec,
+    episode: BaseModel | None,
+    body: ToolCallRequest,
+    started: float,
+) -> Outcome:
+    """The call answered, to be recorded under `binding` (a copy: answers are shared between episodes)."""
+    return replace(await _answer(state, binding.env, env, spec, episode, body, started), binding=binding)
+
+
+async def _answer(
+    state: ServerState,
     env_name: str,
     env: Environment,
     spec: ToolSpec,
@@ -374,7 +418,7 @@ async def _run(
     try:
         args = spec.parse(body.arguments)
     except ToolError as exc:
-        return Outcome.failure(exc.code, exc.message, bound=True)
+        return Outcome.failure(exc.code, exc.message)
     context = env.tool_context(state.cases.get(env_name), case_id, episode)
     compute = functools.partial(_compute, state, spec, args, context, started)
     if spec.inline or state.replay is not None or state.responses.max_bytes <= 0:
@@ -450,23 +494,21 @@ async def _compute(
 def _refused(exc: ToolError | DataError) -> Outcome:
     """The outcome of a call its handler refused: a model fault, or data missing or unreadable."""
     if isinstance(exc, ToolError):
-        return Outcome.failure(exc.code, exc.message, bound=True)
+        return Outcome.failure(exc.code, exc.message)
     if isinstance(exc, MissingDataError):
-        return Outcome.failure(ErrorCode.NOT_AVAILABLE, exc.reason, bound=True)
+        return Outcome.failure(ErrorCode.NOT_AVAILABLE, exc.reason)
     message = f"stored data for this case cannot be read ({exc.reason})"
-    return Outcome.failure(ErrorCode.DATA_UNAVAILABLE, message, bound=True)
+    return Outcome.failure(ErrorCode.DATA_UNAVAILABLE, message)
 
 
 def _late(state: ServerState) -> Outcome:
     seconds = state.settings.tool_deadline_s
-    return Outcome.failure(
-        ErrorCode.DEADLINE_EXCEEDED, f"the call took longer than {seconds:g} s", bound=True
-    )
+    return Outcome.failure(ErrorCode.DEADLINE_EXCEEDED, f"the call took longer than {seconds:g} s")
 
 
 def _internal(spec: ToolSpec) -> Outcome:
     log.exception("tool %s failed unexpectedly", spec.name)
-    return Outcome.failure(ErrorCode.INTERNAL, "internal error; the failure was logged", bound=True)
+    return Outcome.failure(ErrorCode.INTERNAL, "internal error; the failure was logged")
 
 
 def _success(result: ToolResult) -> Outcome:
@@ -480,7 +522,6 @@ def _success(result: ToolResult) -> Outcome:
             200,
             result.text,
             digest=digest.hexdigest()[:32],
-            bound=True,
             sampled=sampled,
             fallback=result.fallback,
         )
@@ -489,4 +530,4 @@ def _success(result: ToolResult) -> Outcome:
         digest.update(image.png)
         data = base64.b64encode(image.png).decode()
         images.append(ImagePayload(mime=image.mime, width=image.width, height=image.height, data_b64=data))
-    return Outcome(200, result.text, images, digest=digest.hexdigest()[:32], bound=True)
+    return Outcome(200, result.text, images, digest=digest.hexdigest()[:32])

@@ -1,11 +1,13 @@
 """Episode state, owned by the server: each episode's binding, its calls, its end, idle expiry and the cap.
 
 A call names its episode and case and carries the row's settings (its `context`); the server keeps the rest.
-The first call of an episode binds it to its case, its environment and those settings (the first writer
-wins, atomically, whichever worker or replica it reaches); every call is appended to the episode's log
-before its answer leaves, and a tool whose answer depends on the episode so far (a patient's conversation,
-an attempt budget) is given a context the environment builds from that log. An episode ended by a door
-(its final answer scored) is never reopened, and its reward is the first one.
+A call looks its episode up (`lookup`: refused there when bound to another case or ended), runs, and is
+appended to the episode's log in one atomic write before its answer leaves (`append`); the first call's
+append binds a new episode to its case, its environment and those settings, the first writer winning
+whichever worker or replica it reaches, and a call that lost that race is refused, its answer never sent.
+A tool whose answer depends on the episode so far (a patient's conversation, an attempt budget) is given a
+context the environment builds from the log. A door binds an episode when it starts it (`bind`) and ends it
+with its reward (`end`): an ended episode is never reopened, and its reward is the first one.
 
 Two implementations share this interface: SQLite (`sqlite.py`, the embedded default: one file that the
 workers of one host share) and Redis (`redis.py`, `CASE_ENV_STORE=redis://host:port/db`: replicas on any
@@ -63,54 +65,40 @@ class EpisodeStore(ABC):
         self.idle_s = idle_s
         self.max_episodes = max_episodes
         self.max_calls = max_calls
-        # bindings this worker has seen, for calls that need no more than the binding: a binding never changes
-        # while its episode lives, and `append` checks it again in the store, so a stale one (an episode
-        # ended, or expired and bound anew elsewhere) costs a refused record, never a wrong answer kept; a call
-        # naming another case than the one remembered asks the store
+        # bindings this worker has seen, for lookups that need no more: a binding never changes while its
+        # episode lives, and `append` checks it in the store, so a stale one (an episode ended, or expired
+        # and bound anew elsewhere) costs a refused record, never an answer sent for the wrong case
         self._known: OrderedDict[str, Binding] = OrderedDict()
 
-    async def bind(
-        self,
-        episode_id: str,
-        binding: Binding,
-        now: float,
-        with_calls: bool = False,
-        remembered: bool = False,
-    ) -> tuple[Binding, list[Call]]:
-        """The episode's binding: `binding` when the episode is new (this call created it), else the one
-        it has; and its calls so far when `with_calls` (oldest first, as many as `max_calls` keeps).
-        `remembered`: a binding this worker saw may answer, for a caller whose `append` checks it again."""
-        if remembered and not with_calls:
+    async def lookup(
+        self, episode_id: str, with_calls: bool = False, wanted: Binding | None = None
+    ) -> tuple[Binding | None, list[Call]]:
+        """The episode's binding (None for a new or expired episode) and, when `with_calls`, its calls so far
+        (oldest first, as many as `max_calls` keeps). A binding this worker saw answers when it is `wanted`
+        (the call would go on); one that would refuse the call is asked of the store first."""
+        if wanted is not None and not with_calls:
             known = self._known.get(episode_id)
-            if known is not None and known == binding:
+            if known == wanted:
                 self._known.move_to_end(episode_id)
                 return known, []
-        bound, calls = await self._bind(episode_id, binding, now, with_calls)
-        self._known[episode_id] = bound
-        if len(self._known) > KNOWN:
-            self._known.popitem(last=False)
-        return bound, calls
+        found, calls = await self._lookup(episode_id, with_calls)
+        if found is not None:
+            self._remember(episode_id, found)
+        return found, calls
 
-    @abstractmethod
-    async def _bind(
-        self, episode_id: str, binding: Binding, now: float, with_calls: bool
-    ) -> tuple[Binding, list[Call]]: ...
+    async def bind(self, episode_id: str, binding: Binding, now: float) -> Binding:
+        """Bind a new episode (a door's start); the binding it has, this one when it is new."""
+        bound = await self._bind(episode_id, binding, now)
+        self._remember(episode_id, bound)
+        return bound
 
-    async def append(self, episode_id: str, case_id: str, call: Call, now: float) -> bool:
-        """Record a call of the episode bound to `case_id`, durably enough to outlive a killed worker; False
-        when the episode is no longer bound to that case or has ended (nothing recorded)."""
-        if await self._append(episode_id, case_id, call, now):
-            return True
-        known = self._known.pop(episode_id, None)
-        if known is None or known.case_id != case_id:
-            return False
-        # bound from memory: the episode expired or was evicted since. Bind it anew, as the store would have
-        # at this call's start, and record the call there
-        bound, _ = await self._bind(episode_id, known, now, False)
-        return bound == known and await self._append(episode_id, case_id, call, now)
-
-    @abstractmethod
-    async def _append(self, episode_id: str, case_id: str, call: Call, now: float) -> bool: ...
+    async def append(self, episode_id: str, binding: Binding, call: Call, now: float) -> Binding:
+        """Record a call of the episode, in one atomic write durable enough to outlive a killed worker,
+        binding the episode to `binding` if it has none; returns the binding it has. The call was recorded
+        when that is `binding`, not ended; otherwise nothing was (another case won, or it ended)."""
+        bound = await self._append(episode_id, binding, call, now)
+        self._remember(episode_id, bound)
+        return bound
 
     async def end(self, episode_id: str, reward: dict[str, Any], now: float) -> dict[str, Any] | None:
         """End a live episode with its reward; returns the reward it keeps (the first one given), None for
@@ -118,12 +106,23 @@ class EpisodeStore(ABC):
         self._known.pop(episode_id, None)
         return await self._end(episode_id, reward, now)
 
-    @abstractmethod
-    async def _end(self, episode_id: str, reward: dict[str, Any], now: float) -> dict[str, Any] | None: ...
+    def _remember(self, episode_id: str, binding: Binding) -> None:
+        self._known[episode_id] = binding
+        self._known.move_to_end(episode_id)
+        if len(self._known) > KNOWN:
+            self._known.popitem(last=False)
 
     @abstractmethod
-    async def binding(self, episode_id: str) -> Binding | None:
-        """The episode's binding, None for an unknown (or expired) episode."""
+    async def _lookup(self, episode_id: str, with_calls: bool) -> tuple[Binding | None, list[Call]]: ...
+
+    @abstractmethod
+    async def _bind(self, episode_id: str, binding: Binding, now: float) -> Binding: ...
+
+    @abstractmethod
+    async def _append(self, episode_id: str, binding: Binding, call: Call, now: float) -> Binding: ...
+
+    @abstractmethod
+    async def _end(self, episode_id: str, reward: dict[str, Any], now: float) -> dict[str, Any] | None: ...
 
     @abstractmethod
     async def get(self, episode_id: str) -> Episode | None: ...

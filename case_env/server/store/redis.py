@@ -26,48 +26,58 @@ PREFIX = "case-env:episode:"
 POOL = 64  # connections per worker: a Lua script takes tens of microseconds, so 64 keep up with any burst
 LIVE, ENDED = "case-env:live", "case-env:ended"
 
-# KEYS: the episode, its calls, the live and ended sets. ARGV: id, case, env, context, row, now, idle (ms),
-# cap, whether to return the calls, the key prefix. Returns case, env, context, row, ended, calls (JSON).
-_BIND = """
+# Both scripts first create the episode unless it exists (its hash, its TTL, its place among the live), then
+# evict past the cap: the least recently used, ended ones first. KEYS: the episode, its calls, the live and
+# ended sets. ARGV: id, case, env, context, row, now, idle (ms), cap, the key prefix, then the script's own.
+_CREATE = """
 local held = redis.call('HMGET', KEYS[1], 'case', 'env', 'context', 'row', 'reward')
-if held[1] then
-  local calls = {}
-  if ARGV[9] == '1' then calls = redis.call('LRANGE', KEYS[2], 0, -1) end
-  return {held[1], held[2], held[3] or '', held[4] or '', held[5] and 1 or 0, calls}
+if not held[1] then
+  redis.call('HSET', KEYS[1], 'case', ARGV[2], 'env', ARGV[3], 'created', ARGV[6], 'last_seen', ARGV[6],
+    'calls', 0)
+  if ARGV[4] ~= '' then redis.call('HSET', KEYS[1], 'context', ARGV[4]) end
+  if ARGV[5] ~= '' then redis.call('HSET', KEYS[1], 'row', ARGV[5]) end
+  redis.call('PEXPIRE', KEYS[1], ARGV[7])
+  redis.call('ZADD', KEYS[3], ARGV[6], ARGV[1])
+  local idle = tonumber(ARGV[6]) - tonumber(ARGV[7]) / 1000
+  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', idle)
+  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', idle)
+  local over = redis.call('ZCARD', KEYS[3]) + redis.call('ZCARD', KEYS[4]) - tonumber(ARGV[8])
+  while over > 0 do
+    local gone = redis.call('ZPOPMIN', KEYS[4])
+    if #gone == 0 then gone = redis.call('ZPOPMIN', KEYS[3]) end
+    redis.call('DEL', ARGV[9] .. gone[1], ARGV[9] .. gone[1] .. ':calls')
+    over = over - 1
+  end
+  held = {ARGV[2], ARGV[3], ARGV[4], ARGV[5], false}
 end
-redis.call('HSET', KEYS[1], 'case', ARGV[2], 'env', ARGV[3], 'created', ARGV[6], 'last_seen', ARGV[6],
-  'calls', 0)
-if ARGV[4] ~= '' then redis.call('HSET', KEYS[1], 'context', ARGV[4]) end
-if ARGV[5] ~= '' then redis.call('HSET', KEYS[1], 'row', ARGV[5]) end
-redis.call('PEXPIRE', KEYS[1], ARGV[7])
-redis.call('ZADD', KEYS[3], ARGV[6], ARGV[1])
-local idle = tonumber(ARGV[6]) - tonumber(ARGV[7]) / 1000
-redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', idle)
-redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', idle)
-local over = redis.call('ZCARD', KEYS[3]) + redis.call('ZCARD', KEYS[4]) - tonumber(ARGV[8])
-while over > 0 do
-  local gone = redis.call('ZPOPMIN', KEYS[4])
-  if #gone == 0 then gone = redis.call('ZPOPMIN', KEYS[3]) end
-  redis.call('DEL', ARGV[10] .. gone[1], ARGV[10] .. gone[1] .. ':calls')
-  over = over - 1
-end
-return {ARGV[2], ARGV[3], ARGV[4], ARGV[5], 0, {}}
 """
 
-# KEYS: the episode, its calls, the live set. ARGV: id, case, the call (JSON), now, idle (ms), calls kept.
-# Returns the call's position in the episode, or 0 when it was not recorded.
-_APPEND = """
-local held = redis.call('HMGET', KEYS[1], 'case', 'reward')
-if held[1] ~= ARGV[2] or held[2] then return 0 end
-local seq = redis.call('HINCRBY', KEYS[1], 'calls', 1)
-redis.call('HSET', KEYS[1], 'last_seen', ARGV[4])
-redis.call('RPUSH', KEYS[2], ARGV[3])
-redis.call('LTRIM', KEYS[2], -tonumber(ARGV[6]), -1)
-redis.call('PEXPIRE', KEYS[1], ARGV[5])
-redis.call('PEXPIRE', KEYS[2], ARGV[5])
-redis.call('ZADD', KEYS[3], ARGV[4], ARGV[1])
-return seq
+# Returns case, env, context, row, ended.
+_BIND = (
+    _CREATE
+    + """
+return {held[1], held[2], held[3] or '', held[4] or '', held[5] and 1 or 0}
 """
+)
+
+# ARGV[10]: the call (JSON); ARGV[11]: calls kept. Appends the call when the episode is bound to this case and
+# settings and not ended; returns case, env, context, row, ended, as the episode has them.
+_APPEND = (
+    _CREATE
+    + """
+local context = held[3] or ''
+if held[1] == ARGV[2] and context == ARGV[4] and not held[5] then
+  redis.call('HINCRBY', KEYS[1], 'calls', 1)
+  redis.call('HSET', KEYS[1], 'last_seen', ARGV[6])
+  redis.call('RPUSH', KEYS[2], ARGV[10])
+  redis.call('LTRIM', KEYS[2], -tonumber(ARGV[11]), -1)
+  redis.call('PEXPIRE', KEYS[1], ARGV[7])
+  redis.call('PEXPIRE', KEYS[2], ARGV[7])
+  redis.call('ZADD', KEYS[3], ARGV[6], ARGV[1])
+end
+return {held[1], held[2], context, held[4] or '', held[5] and 1 or 0}
+"""
+)
 
 # KEYS: the episode, its calls, the live and ended sets. ARGV: id, the reward (JSON), now, idle (ms).
 # Returns the reward kept, or false for an unknown episode.
@@ -112,31 +122,45 @@ class RedisStore(EpisodeStore):
     def _keys(episode_id: str) -> list[str]:
         return [PREFIX + episode_id, PREFIX + episode_id + ":calls"]
 
-    async def _bind(
-        self, episode_id: str, binding: Binding, now: float, with_calls: bool = False
-    ) -> tuple[Binding, list[Call]]:
-        args = (
-            *(episode_id, binding.case_id, binding.env, binding.context or "", binding.row or ""),
-            *(repr(now), self._idle_ms, self.max_episodes, "1" if with_calls else "0", PREFIX),
-        )
+    async def _lookup(self, episode_id: str, with_calls: bool) -> tuple[Binding | None, list[Call]]:
+        key, calls_key = self._keys(episode_id)
         try:
-            found = await self._scripts["bind"](keys=[*self._keys(episode_id), LIVE, ENDED], args=args)
+            async with self.redis.pipeline(transaction=True) as pipe:
+                pipe.hmget(key, "case", "env", "context", "row", "reward")
+                if with_calls:
+                    pipe.lrange(calls_key, 0, -1)
+                held, *stored = await pipe.execute()
         except RedisError as exc:
             raise _unavailable(exc) from None
-        case_id, env, context, row, ended, calls = found
-        kept = Binding(
+        if held[0] is None:
+            return None, []
+        case_id, env, context, row, reward = (v.decode() if v is not None else None for v in held)
+        calls = [Call.model_validate_json(c) for c in stored[0]] if stored else []
+        return Binding(case_id, env, context, row, reward is not None), calls
+
+    def _args(self, episode_id: str, binding: Binding, now: float) -> tuple:
+        return (
+            *(episode_id, binding.case_id, binding.env, binding.context or "", binding.row or ""),
+            *(repr(now), self._idle_ms, self.max_episodes, PREFIX),
+        )
+
+    async def _run(self, script: str, episode_id: str, args: tuple) -> Binding:
+        try:
+            found = await self._scripts[script](keys=[*self._keys(episode_id), LIVE, ENDED], args=args)
+        except RedisError as exc:
+            raise _unavailable(exc) from None
+        case_id, env, context, row, ended = found
+        return Binding(
             case_id.decode(), env.decode(), context.decode() or None, row.decode() or None, ended == 1
         )
-        return kept, [Call.model_validate_json(c) for c in calls]
 
-    async def _append(self, episode_id: str, case_id: str, call: Call, now: float) -> bool:
+    async def _bind(self, episode_id: str, binding: Binding, now: float) -> Binding:
+        return await self._run("bind", episode_id, self._args(episode_id, binding, now))
+
+    async def _append(self, episode_id: str, binding: Binding, call: Call, now: float) -> Binding:
         record = call.model_copy(update={"time": now}).model_dump_json(exclude_none=True)
-        args = (episode_id, case_id, record, repr(now), self._idle_ms, self.max_calls)
-        try:
-            seq = await self._scripts["append"](keys=[*self._keys(episode_id), LIVE], args=args)
-        except RedisError as exc:
-            raise _unavailable(exc) from None
-        return seq > 0
+        args = (*self._args(episode_id, binding, now), record, self.max_calls)
+        return await self._run("append", episode_id, args)
 
     async def _end(self, episode_id: str, reward: dict[str, Any], now: float) -> dict[str, Any] | None:
         args = (episode_id, json.dumps(reward, default=str), repr(now), self._idle_ms)
@@ -145,16 +169,6 @@ class RedisStore(EpisodeStore):
         except RedisError as exc:
             raise _unavailable(exc) from None
         return json.loads(kept) if kept else None
-
-    async def binding(self, episode_id: str) -> Binding | None:
-        try:
-            held = await self.redis.hmget(PREFIX + episode_id, "case", "env", "context", "row", "reward")
-        except RedisError as exc:
-            raise _unavailable(exc) from None
-        if held[0] is None:
-            return None
-        case_id, env, context, row, reward = (v.decode() if v is not None else None for v in held)
-        return Binding(case_id, env, context, row, reward is not None)
 
     async def get(self, episode_id: str) -> Episode | None:
         key, calls_key = self._keys(episode_id)

@@ -83,31 +83,30 @@ class SQLiteStore(EpisodeStore):
     def _writing(self):
         return _Transaction(self.db)
 
-    async def _bind(
-        self, episode_id: str, binding: Binding, now: float, with_calls: bool = False
-    ) -> tuple[Binding, list[Call]]:
+    async def _lookup(self, episode_id: str, with_calls: bool) -> tuple[Binding | None, list[Call]]:
         found = self._binding(episode_id)
-        if found is None:
-            with self._writing():
-                created = self.db.execute(
-                    "INSERT INTO episodes (id, case_id, env, context, row, created, last_seen) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO NOTHING",
-                    (episode_id, binding.case_id, binding.env, binding.context, binding.row, now, now),
-                ).rowcount
-                if created:
-                    held = self.db.execute(
-                        "UPDATE counts SET n = n + 1 WHERE name = 'episodes' RETURNING n"
-                    ).fetchone()[0]
-                    if held > self.max_episodes:
-                        self._evict(held - self.max_episodes)
-            if created:
-                return binding, []
-            found = self._binding(episode_id)  # another worker's, made a moment ago
-            assert found is not None
-        return found, self._calls(episode_id) if with_calls else []
+        return found, self._calls(episode_id) if with_calls and found is not None else []
 
-    async def binding(self, episode_id: str) -> Binding | None:
-        return self._binding(episode_id)
+    async def _bind(self, episode_id: str, binding: Binding, now: float) -> Binding:
+        with self._writing():
+            self._create(episode_id, binding, now)
+        found = self._binding(episode_id)
+        assert found is not None
+        return found
+
+    def _create(self, episode_id: str, binding: Binding, now: float) -> None:
+        """The episode's row, unless it has one; past the cap the least recently used go, ended ones first."""
+        created = self.db.execute(
+            "INSERT INTO episodes (id, case_id, env, context, row, created, last_seen) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO NOTHING",
+            (episode_id, binding.case_id, binding.env, binding.context, binding.row, now, now),
+        ).rowcount
+        if created:
+            held = self.db.execute(
+                "UPDATE counts SET n = n + 1 WHERE name = 'episodes' RETURNING n"
+            ).fetchone()[0]
+            if held > self.max_episodes:
+                self._evict(held - self.max_episodes)
 
     def _binding(self, episode_id: str) -> Binding | None:
         row = self.db.execute(
@@ -134,15 +133,18 @@ class SQLiteStore(EpisodeStore):
         ).fetchall()
         return [Call.model_validate_json(row[0]) for row in rows]
 
-    async def _append(self, episode_id: str, case_id: str, call: Call, now: float) -> bool:
+    async def _append(self, episode_id: str, binding: Binding, call: Call, now: float) -> Binding:
         with self._writing():
+            self._create(episode_id, binding, now)
             counted = self.db.execute(
                 "UPDATE episodes SET calls_total = calls_total + 1, last_seen = ? "
-                "WHERE id = ? AND case_id = ? AND reward IS NULL RETURNING calls_total",
-                (now, episode_id, case_id),
+                "WHERE id = ? AND case_id = ? AND context IS ? AND reward IS NULL RETURNING calls_total",
+                (now, episode_id, binding.case_id, binding.context),
             ).fetchone()
-            if counted is None:
-                return False
+            if counted is None:  # bound to another case or settings, or ended: nothing recorded
+                found = self._binding(episode_id)
+                assert found is not None
+                return found
             seq = counted[0]
             record = call.model_copy(update={"seq": seq, "time": now}).model_dump_json(exclude_none=True)
             self.db.execute("INSERT INTO calls VALUES (?, ?, ?)", (episode_id, seq, record))
@@ -150,7 +152,7 @@ class SQLiteStore(EpisodeStore):
                 self.db.execute(
                     "DELETE FROM calls WHERE episode = ? AND seq <= ?", (episode_id, seq - self.max_calls)
                 )
-        return True
+        return binding
 
     async def _end(self, episode_id: str, reward: dict[str, Any], now: float) -> dict[str, Any] | None:
         with self._writing():
