@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from case_env.core import llm, registry
+from case_env.core.calls import whole_numbers
 from case_env.core.problems import describe_errors
 
 if TYPE_CHECKING:
@@ -59,7 +60,7 @@ def environment_of(data_source: str, extra_info: dict | None) -> Environment:
     """The row's environment, once its `extra_info` passed the rewards' model (`registry.row_extra`; a
     RowError names the path of each problem)."""
     try:
-        registry.row_extra().model_validate(extra_info if isinstance(extra_info, dict) else {})
+        registry.row_extra().model_validate(whole_numbers(extra_info) if isinstance(extra_info, dict) else {})
     except ValidationError as exc:
         raise RowError(describe_errors(exc.errors(include_url=False), ("extra_info",))) from None
     return registry.for_row(data_source, extra_info)
@@ -70,8 +71,8 @@ def scorer(
 ) -> Callable[[], dict[str, Any]]:
     """The row's reward as a function of nothing: its environment found and its text capped once, its score
     computed (and its judge asked) each time it is called."""
-    env = environment_of(data_source, extra_info)
-    extra = extra_info if isinstance(extra_info, dict) else None
+    extra = whole_numbers(extra_info) if isinstance(extra_info, dict) else None
+    env = environment_of(data_source, extra)
     text = capped(solution_str)
     return lambda: env.score(text, ground_truth, extra).flat()
 

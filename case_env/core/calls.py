@@ -95,6 +95,19 @@ def decoded(value: Any) -> Any:
         raise ValueError("a string that is not JSON (an object, or its JSON text, is expected)") from None
 
 
+def whole_numbers(value: Any) -> Any:
+    """`value` with every float that is a whole number as an int: JSON has one number type, and JSON Schema
+    calls 40.0 an integer, so the strict models that read a row's or a call's JSON take it as 40 (a string
+    "40" stays a string, and is still refused)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: whole_numbers(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [whole_numbers(v) for v in value]
+    return value
+
+
 # a trajectory's calls a reward reads at most: verl's loops make one or a few per turn, a few dozen turns
 MAX_SCORED_CALLS = 1024
 

@@ -1,8 +1,9 @@
 """Real ids for the reliability suite's schemathesis run (loaded by its CLI through SCHEMATHESIS_HOOKS).
 
-Generated bodies name random patients, so nearly every tool call would stop at 404. Three calls in four of
-each tool here name a real case of the tool's environment, and half reuse one of a few episode ids, so that
-calls reach the tools, episodes bind and a patient switch meets 403; episode lookups ask for those episodes.
+Generated bodies name random patients, so nearly every tool call would stop at 404. Every positive call of
+each tool here names a real case of the tool's environment (negative ones keep their generated ids, 404 among
+them), and half reuse one of a few episode ids, so that calls reach the tools, episodes bind and a patient
+switch meets 403; episode lookups ask for those episodes.
 The choice is seeded by the generated case, so a run with a fixed seed is the same run. Negative cases are
 left as generated: a real id would make some of them valid."""
 
@@ -26,7 +27,7 @@ def map_case(context, case):
     rng = random.Random(repr((path, case.body, case.path_parameters)))
     if path.startswith("/v1/tools/") and isinstance(case.body, dict):
         patients = IDS.get("tools", {}).get(path.rsplit("/", 1)[-1])
-        if patients and "patient_id" in case.body and rng.random() < 0.75:
+        if patients and "patient_id" in case.body:
             case.body["patient_id"] = rng.choice(patients)
         if "episode_id" in case.body and rng.random() < 0.5:
             case.body["episode_id"] = rng.choice(EPISODES)

@@ -28,7 +28,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from pydantic import BaseModel, ValidationError
 
-from case_env.core.calls import Call
+from case_env.core.calls import Call, whole_numbers
 from case_env.core.control import inert
 from case_env.core.environment import Environment
 from case_env.core.errors import DataError, MissingDataError
@@ -368,7 +368,7 @@ def _settings_of(env: Environment, context: dict | None) -> str | None:
     if env.context_model is None:
         return None
     try:
-        return env.context_model.model_validate(context or {}, strict=True).model_dump_json()
+        return env.context_model.model_validate(whole_numbers(context or {}), strict=True).model_dump_json()
     except ValidationError:
         return env.context_model().model_dump_json()
 
@@ -382,7 +382,7 @@ def _context(env: Environment, context: dict | None) -> tuple[BaseModel | None, 
         return None, None
     try:
         # strict, as /openapi.json describes the model: "1" is not an integer
-        return env.context_model.model_validate(context or {}, strict=True), None
+        return env.context_model.model_validate(whole_numbers(context or {}), strict=True), None
     except ValidationError as exc:
         message = short("invalid request: " + describe_errors(exc.errors(), ("context",)))
         return None, Outcome.failure(ErrorCode.INVALID_REQUEST, message)

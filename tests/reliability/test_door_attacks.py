@@ -1,5 +1,5 @@
-"""What an outside attack on the OpenEnv and MCP doors found, each request replayed as it was sent: the doors
-hold as the tool API holds. Oversized and malformed frames get OpenEnv's own error and the session goes on;
+"""Check 18: what an outside attack on the OpenEnv and MCP doors found, each request replayed as it was sent:
+the doors hold as the tool API holds. Oversized and malformed frames get OpenEnv's own error and the session goes on;
 wrongly typed starts are refused by name; an ended episode is never reopened; past the cap the least
 recently used episode goes, ended ones first; sessions no connection holds expire in seconds; the
 document lists what each route answers."""
@@ -64,7 +64,7 @@ async def exchange(ws, frame) -> dict:
     return json.loads(await ws.recv())
 
 
-def test_malformed_frames_get_an_error_and_the_session_goes_on(server, rows):  # noqa: F811
+def test_malformed_frames_get_an_error_and_the_session_goes_on(server, rows, figures):  # noqa: F811
     row = next(iter(rows))
 
     async def attack() -> list[dict]:
@@ -89,6 +89,9 @@ def test_malformed_frames_get_an_error_and_the_session_goes_on(server, rows):  #
 
     answers = asyncio.run(attack())
     *refused, after = answers
+    figures.update(
+        frames=len(refused), error_frames=sum(a["type"] == "error" for a in refused), sessions_closed=0
+    )
     assert all(a["type"] == "error" for a in refused), refused
     messages = [json.dumps(a["data"]) for a in refused]  # OpenEnv's message with its validation errors
     assert "either tool (with arguments) or answer" in messages[0] and "either tool" in messages[1]
@@ -97,7 +100,7 @@ def test_malformed_frames_get_an_error_and_the_session_goes_on(server, rows):  #
     assert after["type"] == "observation" and after["data"]["observation"]["ok"], after
 
 
-def test_an_oversized_argument_is_refused_by_the_calls_own_limit(server, rows, tmp_path):  # noqa: F811
+def test_an_oversized_argument_is_refused_by_the_calls_own_limit(server, rows, figures):  # noqa: F811
     row = next(iter(rows))
     big = {"organ": "liver", "visit": "baseline", "x": "A" * 1_900_000}  # within a frame, past a call
 
@@ -128,9 +131,12 @@ def test_an_oversized_argument_is_refused_by_the_calls_own_limit(server, rows, t
             return refused, too_large, episode, waits
 
     refused, too_large, episode, waits = asyncio.run(attack())
+    logged = httpx.get(f"{server.url}/v1/episodes/{episode}", headers=AUTH, timeout=30)
+    figures.update(
+        healthz_worst_ms_under_10mb_frame=round(1000 * max(waits), 1), episode_log_bytes=len(logged.content)
+    )
     assert refused["type"] == "error" and "more than 65536 characters" in refused["data"]["message"]
     assert too_large["type"] == "error" and "message too large" in too_large["data"]["message"]
-    logged = httpx.get(f"{server.url}/v1/episodes/{episode}", headers=AUTH, timeout=30)
     assert len(logged.content) < 10_000  # nothing of the refused calls reached the log
     assert max(waits) < 0.25, waits
 
