@@ -6,7 +6,8 @@ model faults come back from the server as 200 with `ok: false` and are never ret
 scope, 404 unknown case, 422 malformed) are final. verl has no tool timeout and no retry of its own, so
 this client owns both (docs/architecture.md, "verl's limits").
 
-A client is bound to the event loop that first uses it (httpx connections are); callers keep one per loop.
+A client is bound to the event loop that first uses it (httpx connections are); callers that run on several
+loops keep one per loop (`LoopClients`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import base64
 import os
 import random
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -171,3 +173,20 @@ class ToolClient:
 
     async def aclose(self) -> None:
         await self.http.aclose()
+
+
+class LoopClients:
+    """One `ToolClient` per event loop, forgotten with its loop (a new loop may reuse a closed one's id)."""
+
+    def __init__(self, policy: RetryPolicy):
+        self.policy = policy
+        self._by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, ToolClient] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def get(self) -> ToolClient:
+        loop = asyncio.get_running_loop()
+        client = self._by_loop.get(loop)
+        if client is None:
+            client = self._by_loop[loop] = ToolClient(self.policy)
+        return client

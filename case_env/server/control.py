@@ -1,7 +1,7 @@
 """Find a running case-env server, or start one for the length of a job (training, demo rollouts).
 
-A server started for a training run is sized to the run: every trajectory has at most one call in flight
-(`multi_turn.max_parallel_calls` 1), so a GRPO step can put `batch x group size` calls on it at once. Each
+A server started for a training run is sized to the run: every trajectory has at most a turn's calls in flight
+(`multi_turn.max_parallel_calls`), so a GRPO step can put `batch x group size x that` calls on it at once. Each
 worker serves `CASE_ENV_MAX_IN_FLIGHT` (256) calls at once and queues the rest up to `CASE_ENV_MAX_QUEUED`;
 workers share one listening socket and the kernel does not balance its connections evenly, so the queues
 hold twice a fair share, and a step's burst queues instead of coming back as 429s. It listens on loopback

@@ -12,7 +12,6 @@ chosen by the row's `environment` column (TRL's several-environments mode).
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import json
 from typing import Any, ClassVar
@@ -20,7 +19,7 @@ from uuid import uuid4
 
 from case_env.core import episode as episodes
 from case_env.core.calls import Call
-from case_env.core.client import RetryPolicy, ToolClient
+from case_env.core.client import LoopClients, RetryPolicy
 from case_env.core.environment import Environment
 
 TYPES = {"string": str, "integer": int, "number": float, "boolean": bool}
@@ -38,7 +37,7 @@ class CaseEpisode:
         self.episode_id = ""
         self.create: dict = {}
         self.calls: list[Call] = []
-        self._clients: dict[int, ToolClient] = {}
+        self._clients = LoopClients(self.settings)
 
     def reset(self, **row: Any) -> None:
         """Bind the episode to the row's case (from the row, never from the model) under a new episode id."""
@@ -51,9 +50,7 @@ class CaseEpisode:
     async def _call(self, tool: str, arguments: dict) -> str | list:
         if not self.create:
             return "Error: no case is bound to this episode."
-        loop = id(asyncio.get_running_loop())
-        client = self._clients.get(loop) or self._clients.setdefault(loop, ToolClient(self.settings))
-        reply, call = await episodes.call(client, self.env, self.episode_id, self.create, tool, arguments)
+        reply, call = await episodes.call(self._clients.get(), self.env, self.episode_id, self.create, tool, arguments)
         self.calls.append(call)
         text, pngs = reply.model_text(), reply.pngs()
         if not pngs:

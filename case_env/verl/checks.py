@@ -121,6 +121,27 @@ def chat_template(
     )
 
 
+def tool_images(files: Any, rows: dict[str, dict], schemas: list[dict], env_vars: dict[str, str]) -> Check:
+    """Images the tools draw reach only a model that reads them: verl raises on an image for a model without
+    a processor, and its trainer drops that trajectory and trains the group on the rest."""
+    name = "tool images"
+    drawn = [s for s in rows if _draws_any(rows[s], schemas)]
+    off = env_vars.get("CASE_ENV_TOOL_IMAGES", "").lower() in ("false", "0", "no")
+    if not drawn:
+        return Check(name, PASS, "no offered tool draws an image")
+    if off:
+        return Check(name, PASS, "answered as text (CASE_ENV_TOOL_IMAGES=false): the model reads text only")
+    if files is None:
+        return Check(
+            name,
+            UNVERIFIED,
+            f"rows of {', '.join(drawn)} offer tools that draw images; without the model's files here it is "
+            "not known whether it reads them",
+            "download the model's files (hf download MODEL), or CASE_ENV_TOOL_IMAGES=false for a text model",
+        )
+    return Check(name, PASS, f"the model's processor reads the images of {', '.join(drawn)}'s tools")
+
+
 def _draws_any(item: dict, schemas: list[dict]) -> bool:
     from case_env.verl.rehearsal import draws
 

@@ -45,6 +45,9 @@ MANAGER = "case_env.verl.distill.PrivilegedAgentLoops"
 # plain prompt (distill.py). Ours: the insights of our banks are tens to a few hundred tokens.
 INSIGHT_TOKENS = 1024
 REWARD_WORKERS = 8  # verl's reward.num_workers default; each is a process with its own limiter
+# calls of one turn that run (verl's default runs the first and drops the rest without telling the model);
+# ours: the imaging prompts ask for a measurement at each visit, which Qwen models write as two calls at once
+PARALLEL_CALLS = 4
 REWARD_TIMEOUT_MARGIN_S = 30.0
 
 
@@ -120,7 +123,7 @@ class Plan:
             f"actor_rollout_ref.rollout.multi_turn.format={args.format}",
             "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=8",
             "actor_rollout_ref.rollout.multi_turn.max_user_turns=8",
-            "actor_rollout_ref.rollout.multi_turn.max_parallel_calls=1",
+            f"actor_rollout_ref.rollout.multi_turn.max_parallel_calls={PARALLEL_CALLS}",
             "actor_rollout_ref.rollout.multi_turn.max_tool_response_length=2048",
             "actor_rollout_ref.rollout.agent.num_workers=8",
             "actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent",
@@ -334,8 +337,8 @@ def bank_tool_config(data: Path, dry_run: bool = False) -> Path:
 
 
 def concurrency(args: SimpleNamespace) -> int:
-    """Trajectories a step runs at once, each with at most one call in flight."""
-    return args.batch_size * args.group_size
+    """Calls a step may put on the server at once: every trajectory with a turn's calls in flight."""
+    return args.batch_size * args.group_size * PARALLEL_CALLS
 
 
 class RunRefusedError(Exception):

@@ -21,6 +21,7 @@ from verl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop
 from verl.workers.rollout.replica import TokenOutput
 
 from case_env.verl.dataset import CaseRLHFDataset, loop_class
+from case_env.verl.launch import PARALLEL_CALLS
 from case_env.verl.model_files import NoVideo, allow_no_video
 
 SPECIAL_TOKENS = [
@@ -135,7 +136,11 @@ class ScriptedModel:
 
 
 def loop_config(
-    max_turns: int = 8, response_length: int = 32768, tool_text: int = 2048, form: str = "hermes"
+    max_turns: int = 8,
+    response_length: int = 32768,
+    tool_text: int = 2048,
+    form: str = "hermes",
+    parallel_calls: int = PARALLEL_CALLS,
 ):
     return OmegaConf.create(
         {
@@ -148,7 +153,7 @@ def loop_config(
                         "enable": True,
                         "max_assistant_turns": max_turns,
                         "max_user_turns": None,
-                        "max_parallel_calls": 1,
+                        "max_parallel_calls": parallel_calls,
                         "max_tool_response_length": tool_text,
                         "tool_response_truncate_side": "middle",
                         "format": form,

@@ -56,6 +56,11 @@ class Preflight:
             tools = load_all_tools(tool_config_path=str(args.tool_config), function_tool_path=None)
         self.schemas = [t.tool_schema.model_dump(exclude_unset=True, exclude_none=True) for t in tools]
         self.rows = self._first_rows()
+        images = "CASE_ENV_TOOL_IMAGES"
+        if self.files is not None and self.files.processor is None and images not in self.plan.env_vars:
+            # a text model: verl raises on a tool's image ("Multimedia data can only be processed by
+            # processor") and its trainer drops the trajectory, so the tools answer it in text
+            self.plan.env_vars[images] = "false"
         self.config = launch.compose(self.plan.overrides())
         self._choose_template()
         if self.plan.chat_template is not None:
@@ -150,6 +155,7 @@ class Preflight:
         else:
             results.append(Check("served tools", checks.SKIPPED, "a dry run starts and asks no server"))
         results.append(checks.nodes(reports, plan.worker_url, args.nodes, plan.env_vars))
+        results.append(checks.tool_images(self.files, self.rows, self.schemas, plan.env_vars))
         results.append(checks.batches(config, train_rows, fitting))
         results.append(checks.checkpoints(config, train_rows, args.no_checkpoints))
         results.append(checks.rollout_engine(config))

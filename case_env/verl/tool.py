@@ -15,7 +15,6 @@ environment, shaped by what verl 0.9.1 does (docs/architecture.md, "verl's limit
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import io
 import re
@@ -30,7 +29,7 @@ from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 from case_env.core import episode as episodes
 from case_env.core import registry
 from case_env.core.calls import FIELD, Call
-from case_env.core.client import Reply, RetryPolicy, ToolClient
+from case_env.core.client import LoopClients, Reply, RetryPolicy
 from case_env.core.environment import Environment
 
 EPISODE_FIELD = "case_env_episode_id"
@@ -52,19 +51,12 @@ class CaseTool(BaseTool):
         self.settings = RetryPolicy.model_validate(config)
         self.images = TypeAdapter(bool).validate_python(config.get("images", True))
         self._rows: dict[str, dict] = {}
-        self._clients: dict[int, ToolClient] = {}
+        self._clients = LoopClients(self.settings)
 
     @functools.cached_property
     def environment(self) -> Environment | None:
         """The tool's environment, resolved once per tool object (every call of this tool has the same)."""
         return registry.for_tool(self.name)
-
-    def _client(self) -> ToolClient:
-        loop = asyncio.get_running_loop()
-        client = self._clients.get(id(loop))
-        if client is None:
-            client = self._clients[id(loop)] = ToolClient(self.settings)
-        return client
 
     async def create(self, instance_id: str | None = None, **kwargs: Any) -> tuple[str, ToolResponse]:
         instance_id = instance_id or str(uuid4())
@@ -86,7 +78,7 @@ class CaseTool(BaseTool):
             call = Call(tool=self.name, arguments=dict(parameters), status="no_patient", infra_error=True)
             response = ToolResponse(text="Error: no case is bound to this trajectory.")
         else:
-            reply, call = await episodes.call(self._client(), env, episode, row, self.name, parameters)
+            reply, call = await episodes.call(self._clients.get(), env, episode, row, self.name, parameters)
             response = _tool_response(reply, self.images)
         calls.append(call.record())
         metrics = {k: v for k, v in call.record().items() if k not in ("arguments", "text")}

@@ -1,0 +1,94 @@
+"""A first GPU run that cannot train wrong in silence: what a verl engineer found reading the launch path
+against verl 0.9.1, each reproduced with the launcher's own composition and verl's real classes on CPU
+(`ToolAgentLoop`, its tool parser, `CaseTool` against a live server). Numbered as the findings."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from transformers import AutoTokenizer
+from verl.tools.tool_registry import load_all_tools
+
+from case_env.core.calls import call_text
+from case_env.verl import checks, grpo, launch
+from case_env.verl.offline import ScriptedModel, loop_config, make_loop, run_row
+from case_env.verl.tool import TEXT_ONLY
+from tests.server_harness import live_server
+from tests.verl_rows import build_bank, rows
+
+
+@pytest.fixture(scope="module")
+def bank(dataset, tmp_path_factory):
+    return build_bank(dataset, tmp_path_factory.mktemp("bank"))
+
+
+@pytest.fixture(scope="module")
+def server(dataset, tmp_path_factory):
+    with live_server(dataset, tmp_path_factory.mktemp("gpu-run-server")) as live:
+        yield live
+
+
+def dry(*argv: str) -> tuple:
+    run = grpo.prepare([*argv, "--dry-run"])
+    return run, {c.name: c for c in run.check(live=False)}
+
+
+def played(bank, tokenizer, script: list[str], monkeypatch, server, **env) -> tuple:
+    """One radiologist row (its tools draw images) played by `script` through verl's ToolAgentLoop, the tools
+    loaded from the bank's YAML under `env` (as verl's workers get the launcher's variables)."""
+    monkeypatch.setenv("CASE_ENV_URL", server.url)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    item = next(i for i in rows(bank, 1) if i["data_source"] == "medpanel_v2_opsd")
+    tools = load_all_tools(
+        tool_config_path=str(launch.bank_tool_config(bank, dry_run=True)), function_tool_path=None
+    )
+
+    async def go():
+        model = ScriptedModel(tokenizer, lambda text, images, turn: script[turn])
+        loop = make_loop(tools, model, processor=None, config=loop_config(max_turns=len(script)))
+        return await run_row(loop, item), model
+
+    return asyncio.run(go())
+
+
+RENDER = {"visit": "baseline", "sequence": "water", "plane": "axial"}
+
+
+def test_1_a_text_model_on_the_imaging_bank_reads_its_slices_as_text(bank, qwen3, server, monkeypatch):
+    """verl raises on a tool's image for a model without a processor, and its trainer drops the trajectory:
+    the launcher tells the workers' tools to answer such a model in text, and the preflight says so."""
+    run, found = dry("--model", str(qwen3), "--data", str(bank))
+    assert run.plan.env_vars["CASE_ENV_TOOL_IMAGES"] == "false"
+    assert found["tool images"].status == checks.PASS and "text" in found["tool images"].detail
+    assert "CASE_ENV_TOOL_IMAGES" in " ".join(run.plan.overrides())  # to every worker, through Ray's env
+    # without the model's files the check cannot tell, and names the fix
+    _, unknown = dry("--model", "someone/unknown-model", "--data", str(bank))
+    assert unknown["tool images"].status == checks.UNVERIFIED
+    assert "CASE_ENV_TOOL_IMAGES=false" in unknown["tool images"].fix
+    tokenizer = AutoTokenizer.from_pretrained(str(qwen3))
+    script = [call_text("render_slice", RENDER), "<answer>A</answer>"]
+    with pytest.raises(ValueError, match="Multimedia data can only be processed by `processor`"):
+        played(bank, tokenizer, script, monkeypatch, server, CASE_ENV_TOOL_IMAGES="true")  # as before
+    images = run.plan.env_vars["CASE_ENV_TOOL_IMAGES"]
+    output, model = played(bank, tokenizer, script, monkeypatch, server, CASE_ENV_TOOL_IMAGES=images)
+    assert TEXT_ONLY in model.prompts[1] and output.extra_fields["case_env_tool_calls"][0]["status"] == "ok"
+
+
+def test_5_every_call_of_a_turn_runs(bank, qwen3, server, monkeypatch):
+    """verl ran the first call of a turn and dropped the rest without a word (max_parallel_calls=1)."""
+    run, _ = dry("--model", str(qwen3), "--data", str(bank))
+    parallel = run.config.actor_rollout_ref.rollout.multi_turn.max_parallel_calls
+    assert parallel == launch.PARALLEL_CALLS > 1
+    assert launch.concurrency(run.args) == run.args.batch_size * run.args.group_size * parallel
+    tokenizer = AutoTokenizer.from_pretrained(str(qwen3))
+    both = "\n".join(call_text("get_clinical_context", {"section": s}) for s in ("demographics", "history"))
+    output, model = played(
+        bank, tokenizer, [both, "<answer>A</answer>"], monkeypatch, server, CASE_ENV_TOOL_IMAGES="false"
+    )
+    calls = output.extra_fields["case_env_tool_calls"]
+    assert [c["arguments"]["section"] for c in calls] == ["demographics", "history"]
+    assert model.prompts[1].count("<tool_response>") == 2
+    assert json.dumps(calls)  # recorded as the reward reads them
