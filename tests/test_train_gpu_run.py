@@ -92,3 +92,38 @@ def test_5_every_call_of_a_turn_runs(bank, qwen3, server, monkeypatch):
     assert [c["arguments"]["section"] for c in calls] == ["demographics", "history"]
     assert model.prompts[1].count("<tool_response>") == 2
     assert json.dumps(calls)  # recorded as the reward reads them
+
+
+def test_3_a_run_never_resumes_another_runs_checkpoints_silently(bank, tmp_path):
+    """The checkpoint folder depended on the recipe alone and resume was automatic: another model or bank
+    loaded the last run's weights; step folders were read where verl reads its tracker file."""
+    folder = tmp_path / "ckpt"
+    run, found = dry("--model", "org/model-a", "--data", str(bank), "--checkpoint-dir", str(folder))
+    assert "starts afresh (no checkpoint yet)" in found["checkpoints"].detail
+    assert dry("--model", "org/model-b", "--data", str(bank))[0].args.checkpoint_dir.name.endswith(
+        f"model-b-{bank.name}"
+    )  # by default another model has its own folder
+    (folder / "global_step_40").mkdir(parents=True)
+    found = dry("--model", "org/model-a", "--data", str(bank), "--checkpoint-dir", str(folder))[1]
+    assert "no latest_checkpointed_iteration.txt" in found["checkpoints"].detail  # verl starts afresh
+    (folder / "latest_checkpointed_iteration.txt").write_text("40")
+    launch.record_identity(run.args)  # what the launcher writes before verl starts
+    found = dry("--model", "org/model-a", "--data", str(bank), "--checkpoint-dir", str(folder))[1]
+    assert found["checkpoints"].status == checks.FAIL  # the planned run is shorter than 40 steps
+    assert "resumes from global_step_40 of a run planned at ~" in found["checkpoints"].detail
+    (folder / "latest_checkpointed_iteration.txt").write_text("1")
+    ours = dry("--model", "org/model-a", "--data", str(bank), "--checkpoint-dir", str(folder))[1]
+    assert (
+        ours["checkpoints"].status == checks.PASS
+        and "resumes from global_step_1" in ours["checkpoints"].detail
+    )
+    theirs = dry("--model", "org/model-b", "--data", str(bank), "--checkpoint-dir", str(folder))[1][
+        "checkpoints"
+    ]
+    assert theirs.status == checks.FAIL and "of another run (model 'org/model-a'" in theirs.detail
+    assert "--checkpoint-dir" in theirs.fix
+
+
+def test_8_no_checkpoints_holds_over_a_recipes_save_frequency(bank):
+    run, found = dry("--model", "m", "--data", str(bank), "--recipe", "medexagent", "--no-checkpoints")
+    assert run.config.trainer.save_freq == -1 and "none saved" in found["checkpoints"].detail

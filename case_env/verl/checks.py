@@ -395,7 +395,10 @@ def _dividing(config: Any, world: int) -> list[str]:
     return found or ["--batch-size a multiple of the GPUs' count"]
 
 
-def checkpoints(config: Any, train_rows: int, allowed_off: bool) -> Check:
+def checkpoints(config: Any, train_rows: int, allowed_off: bool, identity: dict | None = None) -> Check:
+    """Where checkpoints go, and where the run resumes from as verl decides it: the step its tracker file
+    (`latest_checkpointed_iteration.txt`) names, under `resume_mode=auto`; checkpoints of another run (another
+    model or bank: `identity` against the run file beside them) or past the run's own end are refused."""
     name = "checkpoints"
     trainer = config.trainer
     steps = trainer.total_training_steps or steps_per_epoch(config, train_rows) * trainer.total_epochs
@@ -418,12 +421,14 @@ def checkpoints(config: Any, train_rows: int, allowed_off: bool) -> Check:
     if not os.access(parent, os.W_OK):
         return Check(name, FAIL, f"{parent} is not writable", "--checkpoint-dir DIR on a writable disk")
     saves = math.ceil(steps / trainer.save_freq)
-    found = sorted(directory.glob("global_step_*"), key=lambda p: int(p.name.rsplit("_", 1)[-1]))
-    resume = (
-        f"resumes from {found[-1].name}"
-        if found and trainer.resume_mode == "auto"
-        else f"resume {trainer.resume_mode}"
-    )
+    resume, problem = _resume(directory, trainer.resume_mode, steps, identity)
+    if problem is not None:
+        return Check(
+            name,
+            FAIL,
+            problem,
+            "--checkpoint-dir DIR for this run, or trainer.resume_mode=disable to start afresh",
+        )
     keep = trainer.max_actor_ckpt_to_keep
     return Check(
         name,
@@ -431,6 +436,46 @@ def checkpoints(config: Any, train_rows: int, allowed_off: bool) -> Check:
         f"every {trainer.save_freq} steps and the last (~{steps} steps: {saves} save{'s' if saves > 1 else ''}) to {directory}"
         f"{f', latest {keep} kept' if keep else ''}; {resume}; {validation}",
     )
+
+
+def _resume(directory: Path, mode: str, steps: int, identity: dict | None) -> tuple[str, str | None]:
+    """(where the run resumes from, the problem with it or None), read as verl reads it."""
+    import json
+
+    from case_env.verl.launch import RUN_FILE
+
+    if mode != "auto":
+        return f"resume {mode}", None
+    tracker = directory / "latest_checkpointed_iteration.txt"
+    folders = list(directory.glob("global_step_*"))
+    if not tracker.is_file():
+        if folders:
+            return (
+                f"starts afresh: {len(folders)} global_step_* folder(s) but no {tracker.name} (verl reads only that)",
+                None,
+            )
+        return "starts afresh (no checkpoint yet)", None
+    step = int(tracker.read_text().strip() or 0)
+    recorded = directory / RUN_FILE
+    theirs = json.loads(recorded.read_text()) if recorded.is_file() else None
+    if identity is not None and theirs != identity:
+        what = (
+            "no record of which run they are of"
+            if theirs is None
+            else ", ".join(
+                f"{k} {theirs.get(k)!r} (this run: {v!r})" for k, v in identity.items() if theirs.get(k) != v
+            )
+        )
+        return (
+            "",
+            f"{directory} holds global_step_{step} of another run ({what}): verl would resume its weights",
+        )
+    if step >= steps:
+        return (
+            "",
+            f"resumes from global_step_{step} of a run planned at ~{steps} steps: verl would train nothing",
+        )
+    return f"resumes from global_step_{step} (of ~{steps})", None
 
 
 def verl_pins() -> dict[str, str]:

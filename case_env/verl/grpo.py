@@ -88,6 +88,8 @@ def main(argv: list[str] | None = None, preflight_only: bool = False) -> int:
                 return 2
         if preflight_only:
             return 0
+        if not args.no_checkpoints:
+            launch.record_identity(args)
         env = {**os.environ, "CASE_ENV_URL": plan.worker_url}
         return subprocess.call([sys.executable, "-m", "verl.trainer.main_ppo", *plan.overrides()], env=env)
     finally:

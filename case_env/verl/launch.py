@@ -88,6 +88,7 @@ class Plan:
         items = [
             *self._base(),
             *(f"{k}={v}" for k, v in recipes()[self.args.recipe].overrides.items()),
+            *(["trainer.save_freq=-1"] if self.args.no_checkpoints else []),  # over the recipe's own
             *self.extra,
         ]
         return [item for i, item in enumerate(items) if not _overridden(item, items[i + 1 :])]
@@ -148,8 +149,6 @@ class Plan:
             "trainer.resume_mode=auto",
             f"trainer.default_local_dir={args.checkpoint_dir}",
         ]
-        if args.no_checkpoints:
-            items.append("trainer.save_freq=-1")
         if self.chat_template is not None:
             items.append(f"actor_rollout_ref.model.custom_chat_template={hydra_value(self.chat_template)}")
         for key, value in self.env_vars.items():  # reach every Ray worker, on every node
@@ -339,6 +338,34 @@ def bank_tool_config(data: Path, dry_run: bool = False) -> Path:
 def concurrency(args: SimpleNamespace) -> int:
     """Calls a step may put on the server at once: every trajectory with a turn's calls in flight."""
     return args.batch_size * args.group_size * PARALLEL_CALLS
+
+
+RUN_FILE = "case_env_run.json"  # beside verl's checkpoints: which run they are of
+
+
+def run_identity(args: SimpleNamespace) -> dict[str, str]:
+    """What makes a run's checkpoints its own: the model, the bank (its training rows' bytes) and the recipe."""
+    import hashlib
+
+    train = args.data.resolve() / "train.parquet"
+    digest = hashlib.sha256(train.read_bytes()).hexdigest()[:16] if train.is_file() else ""
+    return {
+        "model": str(args.model),
+        "bank": str(args.data.resolve()),
+        "train_sha256": digest,
+        "recipe": args.recipe,
+    }
+
+
+def record_identity(args: SimpleNamespace) -> None:
+    """Write the run's identity beside its checkpoints before verl starts (a later run checks it)."""
+    import json
+
+    folder = Path(args.checkpoint_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / RUN_FILE
+    if not path.exists():
+        path.write_text(json.dumps(run_identity(args), indent=2) + "\n", encoding="utf-8")
 
 
 class RunRefusedError(Exception):

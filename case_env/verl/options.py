@@ -5,6 +5,7 @@ Each launcher reads its options and hands the rest (verl's `key=value` Hydra ove
 `--option` is refused, since verl takes none. The recipes' defaults fill what was not given.
 """
 
+import re
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Annotated, Any, Literal
@@ -80,11 +81,19 @@ def parse(argv: list[str], prog: str = "scripts/train_grpo.sh") -> tuple[SimpleN
     args.rollout = args.rollout or installed_engine(recipe.rollout)
     args.opsd = recipe.opsd if args.opsd is None else args.opsd
     args.teacher_model = args.teacher_model or args.model
-    args.experiment = args.experiment or f"case-env-{args.recipe}"
+    args.experiment = args.experiment or default_experiment(args.recipe, args.model, args.data)
     args.checkpoint_dir = (
         args.checkpoint_dir or Path("checkpoints") / "case-env" / args.experiment
     ).resolve()
     return args, extra
+
+
+def default_experiment(recipe: str, model: str, data: Path) -> str:
+    """case-env-<recipe>-<model>-<bank>: another model or bank under the same recipe gets its own checkpoint
+    directory, so it never resumes another run's weights."""
+    name = Path(str(model).rstrip("/")).name or "model"
+    bank = data.resolve().name or "bank"
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", f"case-env-{recipe}-{name}-{bank}")
 
 
 def grpo_command(known: dict[str, Recipe], preflight: bool = False):
@@ -130,7 +139,7 @@ HELP = {
     "directory].",
     "no_checkpoints": "Run without saving checkpoints (trainer.save_freq=-1); preflight refuses such a run "
     "otherwise.",
-    "experiment": "trainer.experiment_name [default: case-env-<recipe>].",
+    "experiment": "trainer.experiment_name [default: case-env-<recipe>-<model>-<bank directory>].",
     "reward_manager": "verl's reward manager. auto: rate_limited when the bank's rewards ask a judge and "
     "CASE_ENV_JUDGE_URL is set, else naive.",
     "judge_concurrency": "Rewards scored at once over all of verl's reward workers (rate_limited; about what one "
