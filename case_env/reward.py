@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from case_env.core import llm, registry
-from case_env.core.calls import whole_numbers
+from case_env.core.calls import FIELD, Call, whole_numbers, written_calls
 from case_env.core.problems import describe_errors
 
 if TYPE_CHECKING:
@@ -68,13 +68,32 @@ def environment_of(data_source: str, extra_info: dict | None) -> Environment:
 
 def scorer(
     data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None
-) -> Callable[[], dict[str, Any]]:
-    """The row's reward as a function of nothing: its environment found and its text capped once, its score
-    computed (and its judge asked) each time it is called."""
+) -> tuple[Environment, Callable[[], dict[str, Any]]]:
+    """The row's environment and its reward as a function of nothing: the row checked and its text capped
+    once, its score computed (and its judge asked) each time it is called. verl, `/v1/score` and eval all
+    score through it."""
     extra = whole_numbers(extra_info) if isinstance(extra_info, dict) else None
     env = environment_of(data_source, extra)
     text = capped(solution_str)
-    return lambda: env.score(text, ground_truth, extra).flat()
+    return env, lambda: {**env.score(text, ground_truth, extra).flat(), **failures(env, text, extra)}
+
+
+FAILURE_KEYS = ("infra_error", "calls_dropped")  # every environment's reward has them
+
+
+def failures(env: Environment, text: str, extra_info: dict | None) -> dict[str, float]:
+    """What went wrong for the infrastructure, as numbers verl logs each step: calls the service failed
+    (`infra_error`) and calls the model wrote that never ran (`calls_dropped`: past a turn's limit, say)."""
+    extra = extra_info if isinstance(extra_info, dict) else {}
+    recorded = extra.get(FIELD)
+    if not isinstance(recorded, list):  # a transcript scored on its own: its calls are what it says
+        return {"infra_error": 0.0, "calls_dropped": 0.0}
+    ran = [Call.from_record(r) for r in recorded if isinstance(r, dict)]
+    written = len(written_calls(text))
+    return {
+        "infra_error": float(sum(c.infra_error for c in ran)),
+        "calls_dropped": float(max(0, written - len(ran))),
+    }
 
 
 def score_row(
@@ -86,7 +105,7 @@ def score_row(
 ) -> dict[str, Any]:
     """The row's reward, in this thread (eval, `/v1/score`, tests); a judge is asked through the same pooled
     client as `compute_score`'s, this thread waiting for it."""
-    return scorer(data_source, solution_str, ground_truth, extra_info)()
+    return scorer(data_source, solution_str, ground_truth, extra_info)[1]()
 
 
 async def compute_score(
@@ -101,9 +120,9 @@ async def compute_score(
     work runs in a thread, its judge requests go out together and are awaited here (`llm.asked_ahead`).
     Past `CASE_ENV_SCORE_DEADLINE_S` the deterministic fallback scores the row, so verl's own timeout, which
     would give the row other keys than its batch's, never fires first (the launcher sets it higher)."""
-    scored = scorer(data_source, solution_str, ground_truth, extra_info)
+    _, scored = scorer(data_source, solution_str, ground_truth, extra_info)
     try:
         return await asyncio.wait_for(llm.asked_ahead(scored, llm.default_judge()), score_deadline_s())
     except TimeoutError:
         log.warning("a %s row passed its scoring deadline; scored without its judge", data_source)
-        return await asyncio.to_thread(llm.offline, scored)
+        return {**await asyncio.to_thread(llm.offline, scored), "judge_fallback": 1.0}

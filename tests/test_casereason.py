@@ -211,6 +211,7 @@ def test_k_attempt_accounting_independent():
         "pred": "GCA",
         "format_ok": True,
         "judge": "rules",
+        "judge_fallback": 0.0,
         "recall": 0.0,
         "attempts": 1,
         "first_correct": 1,

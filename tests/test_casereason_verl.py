@@ -58,9 +58,12 @@ def test_sequential_rows_through_tool_agent_loop_and_reward_manager(dataset, tmp
                 "pred",
                 "format_ok",
                 "judge",
+                "judge_fallback",
                 "recall",
                 "attempts",
                 "first_correct",
+                "infra_error",
+                "calls_dropped",
             }
             calls = out.extra_fields["case_env_tool_calls"]
             submissions = [c["arguments"]["diagnosis"] for c in calls if c["tool"] == "submit_diagnosis"]

@@ -125,9 +125,12 @@ def test_score_components_are_returned_separately():
     assert medexagent["acc"] == 1.0 and medexagent["profile"] == "medexagent"
     assert set(medexagent) == set(good)  # both profiles return the same keys
     # the verl entry point dispatches clinic rows to this reward
-    assert score_row("clinic_synthetic", trajectory(), "Pneumonia", EXTRA) == clinic_score(
-        trajectory(), "Pneumonia", EXTRA
-    )
+    # (with the entry's own numbers of infrastructure failures)
+    assert score_row("clinic_synthetic", trajectory(), "Pneumonia", EXTRA) == {
+        **clinic_score(trajectory(), "Pneumonia", EXTRA),
+        "infra_error": 0.0,
+        "calls_dropped": 0.0,
+    }
 
 
 @pytest.mark.parametrize(

@@ -210,6 +210,9 @@ def test_score_route_returns_the_clinic_components(server):
         "rubric",
         "rubric_applicable",
         "rubric_by",
+        "judge_fallback",
+        "infra_error",
+        "calls_dropped",
     }
 
 

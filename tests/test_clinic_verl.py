@@ -19,6 +19,7 @@ from case_env.envs.clinic.reward import KEYS
 from case_env.envs.clinic.synth import make_cases, write_csv
 from case_env.eval.runner import run_eval
 from case_env.medicine.exams import EXAMS
+from case_env.reward import FAILURE_KEYS
 from case_env.verl.config import path_for
 from case_env.verl.dataset import CaseRLHFDataset
 from case_env.verl.offline import build_tokenizer
@@ -91,7 +92,7 @@ def test_clinic_rows_through_verl_tool_agent_loop_and_reward_manager(clinic, mon
         assert "order_exam" not in model.prompts[0] and "render_slice" not in model.prompts[0]
         assert all(c["tool"] in offered or (spoken and c["tool"] == "ask_patient") for c in calls)
         extra = score["reward_extra_info"]
-        assert set(extra) == set(KEYS) and extra["profile"] == "medexagent"
+        assert set(extra) == {*KEYS, *FAILURE_KEYS} and extra["profile"] == "medexagent"
         assert extra["asks"] == len(dialogue) and extra["format_ok"]
         correct += extra["acc"]
         # the same case through the eval runner: the same conversation, the same reward

@@ -20,6 +20,7 @@ from case_env.envs.clinic.bank import build
 from case_env.envs.clinic.noise import NoiseConfig
 from case_env.envs.clinic.reward import KEYS
 from case_env.envs.clinic.synth import make_cases
+from case_env.reward import FAILURE_KEYS
 from case_env.verl.offline import build_tokenizer
 from tests.test_clinic_server import env
 
@@ -152,7 +153,9 @@ def test_verls_rate_limited_manager_awaits_the_reward_and_its_judge_requests_go_
     assert seen["requests"] == 32 and seen["peak_in_flight"] == 16
     for result in results:
         extra = result["reward_extra_info"]
-        assert set(extra) == set(KEYS) and extra["judge"] == "judge", extra  # no timeout/error keys
+        assert set(extra) == {*KEYS, *FAILURE_KEYS} and extra["judge"] == "judge", (
+            extra
+        )  # no timeout/error keys
     assert elapsed < 32 * 0.4 / 2, elapsed  # at least twice the speed of one request at a time
 
 

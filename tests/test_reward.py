@@ -5,14 +5,18 @@ from __future__ import annotations
 import pytest
 
 from case_env.envs.imaging import rubric
-from case_env.reward import score_row
+from case_env.reward import FAILURE_KEYS, score_row
 
 TOOL = '<tool_call>\n{"name": "get_organ_volume", "arguments": {"organ": "liver", "visit": "baseline"}}\n</tool_call>'
 RESPONSE = "user\n<tool_response>\n{text}\n</tool_response>\nassistant\n"
 
 
 COMMON = ("score", "acc", "pred", "format_ok")
-KEYS = {*COMMON, *rubric.KEYS}  # the letter's keys, then CASE's rubric (weight 0 here: the letter alone)
+KEYS = {
+    *COMMON,
+    *rubric.KEYS,
+    *FAILURE_KEYS,
+}  # the letter's keys, then CASE's rubric (weight 0 here: the letter alone)
 
 
 def common(result: dict) -> dict:

@@ -22,6 +22,7 @@ from case_env.core import registry
 from case_env.core.calls import FORMATS, call_text
 from case_env.envs.imaging import rubric
 from case_env.envs.imaging.data.store import PatientStore
+from case_env.reward import FAILURE_KEYS
 from case_env.verl import CaseTool
 from case_env.verl.config import path_for, render
 from case_env.verl.dataset import CaseRLHFDataset
@@ -138,7 +139,14 @@ def test_concurrent_trajectories_of_every_persona(bank, server, dataset, monkeyp
         ), calls
         assert score["reward_score"] == (1.0 if i % 2 == 0 else 0.0)
         # the letter's keys and CASE's rubric (unweighted here), through verl's own reward manager
-        assert set(score["reward_extra_info"]) == {"score", "acc", "pred", "format_ok", *rubric.KEYS}
+        assert set(score["reward_extra_info"]) == {
+            "score",
+            "acc",
+            "pred",
+            "format_ok",
+            *rubric.KEYS,
+            *FAILURE_KEYS,
+        }
         assert score["reward_extra_info"]["rubric_by"] == "rules"
         if item["data_source"] == "medpanel_v2_opsd":
             assert max(model.images) >= 1 and max(model.image_pads) > 0  # tool images reached the model input

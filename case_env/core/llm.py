@@ -370,6 +370,16 @@ def default_judge() -> ChatClient | None:
     )
 
 
+# how a reward says its judge was asked and its rules stood in: no reply, or one out of form
+FALLBACKS = frozenset({"unavailable", "rejected"})
+
+
+def fell_back(by: str) -> float:
+    """1.0 when a judged grade came from the rules because the judge failed (`FALLBACKS`), else 0.0: a number,
+    which verl logs each step, where it logs no string."""
+    return float(by in FALLBACKS)
+
+
 _ASKING: ContextVar[Asker | None] = ContextVar("case_env_judge_asking", default=None)
 
 

@@ -60,6 +60,9 @@ def sft(
         4096, "--max-length", min=64, help="Longest conversation kept [default: 4096]."
     ),
     seed: int = typer.Option(0, "--seed", help="Seed [default: 0]."),
+    train_layers: int = typer.Option(
+        0, "--train-layers", min=0, help="Train only the top N transformer layers; 0 trains all [default: 0]."
+    ),
 ) -> None:
     """Supervised fine-tuning on correct trajectories, the loss on the assistant's tokens (CASE's first stage)."""
     from case_env.trl.train import SFTRun, run_sft
@@ -68,7 +71,10 @@ def sft(
     if not data.exists():
         _refuse(f"{data} does not exist: export trajectories with `case-env traj to-sft`")
     path = model_dir(model)
-    final = run_sft(SFTRun(path, data, out, epochs, learning_rate, batch_size, max_length, seed))
+    run = SFTRun(
+        path, data, out, epochs, learning_rate, batch_size, max_length, seed, train_layers=train_layers
+    )
+    final = run_sft(run)
     typer.echo(f"wrote {final} ({out / 'curve.png'}, {out / 'log.jsonl'})")
 
 
@@ -116,6 +122,9 @@ def grpo(
         "--gradient-checkpointing/--no-gradient-checkpointing",
         help="Recompute activations in the backward pass: less memory, more time [default: on].",
     ),
+    train_layers: int = typer.Option(
+        0, "--train-layers", min=0, help="Train only the top N transformer layers; 0 trains all [default: 0]."
+    ),
 ) -> None:
     """GRPO with TRL's environment_factory: each rollout's tools call the case-env server within the row's case,
     its reward is case-env's reward for the row (CASE's second stage)."""
@@ -147,6 +156,7 @@ def grpo(
         lora_rank,
         resume,
         gradient_checkpointing,
+        train_layers,
     )
     final = run_grpo(run)
     typer.echo(f"wrote {final} ({out / 'curve.png'}, {out / 'log.jsonl'})")

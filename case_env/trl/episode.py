@@ -50,7 +50,9 @@ class CaseEpisode:
     async def _call(self, tool: str, arguments: dict) -> str | list:
         if not self.create:
             return "Error: no case is bound to this episode."
-        reply, call = await episodes.call(self._clients.get(), self.env, self.episode_id, self.create, tool, arguments)
+        reply, call = await episodes.call(
+            self._clients.get(), self.env, self.episode_id, self.create, tool, arguments
+        )
         self.calls.append(call)
         text, pngs = reply.model_text(), reply.pngs()
         if not pngs:

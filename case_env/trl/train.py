@@ -38,6 +38,7 @@ class SFTRun:
     # activations recomputed in the backward pass (TRL's default): off, a step of SmolLM2 takes about a quarter
     # less time, but four 2,000-token conversations then hold 17 GB
     gradient_checkpointing: bool = True
+    train_layers: int = 0  # 0: every layer trained; else only the top N transformer layers (and the norm)
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,7 @@ class GRPORun:
     seed: int = 0
     use_vllm: bool = False
     lora_rank: int = 0  # 0: every weight trained; else LoRA adapters of this rank on every linear layer
+    train_layers: int = 0  # 0: every layer trained; else only the top N transformer layers (and the norm)
     resume: bool = False  # from the last checkpoint in `out`, its optimizer, log and rollouts kept
     gradient_checkpointing: bool = True  # recompute activations in the backward pass (memory for time)
 
@@ -133,7 +135,10 @@ def run_sft(run: SFTRun) -> Path:
         **_devices(),
     )
     trainer = SFTTrainer(
-        model=run.model, args=config, train_dataset=Dataset.from_list(examples), processing_class=tokenizer
+        model=_model(run.model, run.train_layers),
+        args=config,
+        train_dataset=Dataset.from_list(examples),
+        processing_class=tokenizer,
     )
     trainer.train()
     return _finish(trainer, tokenizer, run.out, asdict(run) | {"examples": len(examples)})
@@ -187,7 +192,7 @@ def run_grpo(run: GRPORun) -> Path:
         **_devices(),
     )
     trainer = GRPOTrainer(
-        model=run.model,
+        model=_model(run.model, run.train_layers),
         reward_funcs=[case_env_reward(tokenizer, rollouts)],
         args=config,
         train_dataset=Dataset.from_list(rows),
@@ -200,6 +205,22 @@ def run_grpo(run: GRPORun) -> Path:
     return _finish(
         trainer, tokenizer, run.out, asdict(run) | {"rows": len(rows), "tool_sets": len(tool_sets)}
     )
+
+
+def _model(path: str, train_layers: int) -> Any:
+    """The model to train: its path, which the trainer loads, or, with `train_layers`, the model loaded with
+    every weight below its top `train_layers` layers frozen: the backward pass then stops there (a step of
+    SmolLM2 on a CPU is mostly that pass, docs/models.md)."""
+    if train_layers <= 0:
+        return path
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path)
+    layers = model.config.num_hidden_layers
+    top = {f".layers.{i}." for i in range(max(0, layers - train_layers), layers)}
+    for name, parameter in model.named_parameters():
+        parameter.requires_grad = any(t in name for t in top) or name.startswith("model.norm")
+    return model
 
 
 def _lora(rank: int) -> Any:

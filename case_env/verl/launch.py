@@ -46,7 +46,7 @@ MANAGER = "case_env.verl.distill.PrivilegedAgentLoops"
 INSIGHT_TOKENS = 1024
 REWARD_WORKERS = 8  # verl's reward.num_workers default; each is a process with its own limiter
 # calls of one turn that run (verl's default runs the first and drops the rest without telling the model);
-# ours: the imaging prompts ask for a measurement at each visit, which Qwen models write as two calls at once
+# ours: a question that needs two measurements is often answered with two calls at once by Qwen models
 PARALLEL_CALLS = 4
 REWARD_TIMEOUT_MARGIN_S = 30.0
 

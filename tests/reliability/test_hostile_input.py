@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from case_env.core import registry
 from case_env.core.registry import model_faults
 from case_env.envs.imaging import rubric
-from case_env.reward import score_row
+from case_env.reward import FAILURE_KEYS, score_row
 from tests.reliability.conftest import explore, size
 from tests.reliability.conftest import json_values as any_json
 from tests.server_harness import live_server
@@ -234,7 +234,7 @@ def test_reward_is_total(solution, truth, source):
     """Any input scores: the four keys (and the rubric's, unweighted), score and acc equal and 0 or 1, never an
     exception."""
     result = score_row(source, solution, truth)
-    assert set(result) == {"score", "acc", "pred", "format_ok", *rubric.KEYS}
+    assert set(result) == {"score", "acc", "pred", "format_ok", *rubric.KEYS, *FAILURE_KEYS}
     assert result["score"] == result["acc"] and result["score"] in (0.0, 1.0)
     assert result["score"] == 0.0 or result["pred"] == truth.strip().strip("()").upper()
 

@@ -25,14 +25,14 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from case_env.core import registry
 from case_env.core.answers import ANSWER_TAG, final_segment, last_answer, model_text
 from case_env.core.calls import Call, ScoreExtra, decoded, executed_calls
-from case_env.core.llm import Asker, asked_judge
+from case_env.core.llm import Asker, asked_judge, fell_back
 from case_env.core.tags import Tagged
 from case_env.envs.casereason.judge import judge
 from case_env.envs.casereason.recall import reasoning_recall
 from case_env.medicine.diagnosis import canonical
 
 _THINK = Tagged("<think>", "</think>", to_end=True)
-KEYS = ("score", "acc", "pred", "format_ok", "judge", "recall", "attempts", "first_correct")
+KEYS = ("score", "acc", "pred", "format_ok", "judge", "judge_fallback", "recall", "attempts", "first_correct")
 EXTRACTIONS = ("strict", "reference")
 
 
@@ -110,6 +110,7 @@ def casereason_score(
         "pred": final or (attempts[-1] if attempts else ""),
         "format_ok": tagged and bool(trace.strip()),
         "judge": how,
+        "judge_fallback": fell_back(how),
         "recall": round(recall.value, 6),
         "attempts": len(attempts),
         "first_correct": first,

@@ -35,7 +35,7 @@ from case_env.core.calls import (
     executed_calls,
     written_calls,
 )
-from case_env.core.llm import Asker, asked_judge
+from case_env.core.llm import Asker, asked_judge, fell_back
 from case_env.core.tags import Tagged
 from case_env.envs.clinic import medexagent_reward as mx
 from case_env.medicine.diagnosis import MAX_CONDITIONS, Verdict, conditions, judge, looks_injected
@@ -64,6 +64,7 @@ KEYS = (
     "pred",
     "format_ok",
     "judge",
+    "judge_fallback",
     "profile",
 )
 
@@ -298,5 +299,6 @@ def clinic_score(
         "pred": prediction or "",
         "format_ok": verdict.predicted > 0,
         "judge": verdict.judge,
+        "judge_fallback": fell_back(verdict.judge),
         "profile": weights.profile,
     }

@@ -22,13 +22,14 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from case_env.core.answers import TOOL_RESPONSE, final_segment
 from case_env.core.calls import FIELD, ScoreExtra
+from case_env.core.llm import fell_back
 
 if TYPE_CHECKING:
     from case_env.core.llm import Asker
 
 ITEMS = ("values", "visits", "grounded", "follows")
 VERIFIED = ("values", "grounded", "follows")  # what the rules check against the tools' text bounds the judge
-KEYS = (*(f"rubric_{item}" for item in ITEMS), "rubric", "rubric_applicable", "rubric_by")
+KEYS = (*(f"rubric_{item}" for item in ITEMS), "rubric", "rubric_applicable", "rubric_by", "judge_fallback")
 BOTH_VISITS = ("compare_organ_volume", "render_comparison")  # one call shows both visits
 _NUMBER = r"[+-]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?"
 _VALUE = re.compile(rf"(?<![\w.,])({_NUMBER})\s?(mL|ml|L|%|mm|cm)(?![A-Za-z])")
@@ -321,4 +322,10 @@ def grade(solution_str: str, extra: dict, correct: bool, client: Asker | None) -
                     grades[item] *= rules[item]
     items = {f"rubric_{k}": (grades.get(k, 0.0) if k in applicable else 0.0) for k in ITEMS}
     mean = sum(items[f"rubric_{k}"] for k in applicable) / len(applicable)
-    return {**items, "rubric": mean, "rubric_applicable": len(applicable), "rubric_by": by}
+    return {
+        **items,
+        "rubric": mean,
+        "rubric_applicable": len(applicable),
+        "rubric_by": by,
+        "judge_fallback": fell_back(by),
+    }

@@ -9,6 +9,7 @@ body a token holder sends stalls the tool calls the same worker serves."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -16,11 +17,11 @@ from fastapi.responses import Response
 from pydantic import BaseModel, Field, ValidationError
 
 from case_env.core.calls import MAX_SCORED_CALLS
-from case_env.core.environment import Environment
+from case_env.core.environment import Environment, Score
 from case_env.core.problems import describe_errors
 from case_env.core.registry import RegistryError
 from case_env.core.tools import ErrorCode
-from case_env.reward import RowError, capped, environment_of
+from case_env.reward import RowError, scorer
 from case_env.server.errors import BAD_BODY, UNAUTHORIZED, error_response, short
 
 router = APIRouter(prefix="/v1", tags=["reward"], responses=UNAUTHORIZED | BAD_BODY)
@@ -59,14 +60,15 @@ class RequestError(ValueError):
     """A score request the caller must fix: 422 with this message."""
 
 
-def _routed(raw: bytes) -> tuple[ScoreRequest, Environment]:
-    """The request body parsed and validated, and the environment of its row (in a worker thread)."""
+def _routed(raw: bytes) -> tuple[Environment, Callable[[], dict]]:
+    """The request body parsed and validated, its row's environment and its reward as the entry point
+    computes it for verl (`scorer`), in a worker thread."""
     try:
         body = ScoreRequest.model_validate_json(raw)
     except ValidationError as exc:
         raise RequestError(describe_errors(exc.errors(include_url=False), ("body",))) from None
     try:
-        return body, environment_of(body.data_source, body.extra_info)
+        return scorer(body.data_source, body.solution_str, body.ground_truth, body.extra_info)
     except (RegistryError, RowError) as exc:
         raise RequestError(str(exc)) from None
 
@@ -93,13 +95,12 @@ async def score(request: Request) -> Response:
     # off the event loop (parsing a large body, a judge's HTTP round trips), with a deadline: a slow judge
     # or a pathological row costs its own caller a zero, never the server a stall
     try:
-        body, env = await asyncio.to_thread(_routed, raw)
+        env, scored = await asyncio.to_thread(_routed, raw)
     except RequestError as exc:
         return error_response(ErrorCode.INVALID_REQUEST, short(f"invalid request: {exc}"), status=422)
     deadline = request.app.state.server.settings.score_deadline_s
-    work = asyncio.to_thread(env.score, capped(body.solution_str), body.ground_truth, body.extra_info)
     try:
-        result = await asyncio.wait_for(work, deadline)
+        result = Score.of(await asyncio.wait_for(asyncio.to_thread(scored), deadline))
     except TimeoutError:
         reply = ScoreResponse(
             env=env.name,
