@@ -172,6 +172,15 @@ def test_b7_patient_replies_are_cut_as_verl_cuts_tool_text(pneumonia, checkpoint
 def test_b8_a_dry_run_with_several_nodes_and_a_loopback_server_says_it_cannot_work(bank):
     found = dry("--model", "m", "--data", str(bank), "--nodes", "2", "--server-url", "http://127.0.0.1:8000")
     nodes = found["server from every node"]
-    assert nodes.status == checks.FAIL and "is loopback" in nodes.detail
+    assert nodes.status == checks.FAIL and "reaches only the machine calling it" in nodes.detail
     one = dry("--model", "m", "--data", str(bank))["server from every node"]
     assert one.status == checks.SKIPPED
+
+
+def test_b9_a_dry_run_writes_nothing_beside_the_bank(clinic_bank):
+    """The clinic's agent loops went to `<bank>/verl_agent_loops.yaml` though a dry run writes nothing."""
+    before = sorted(p.name for p in clinic_bank.iterdir())
+    run = grpo.prepare(["--model", "m", "--data", str(clinic_bank), "--recipe", "medexagent", "--dry-run"])
+    loops = run.config.actor_rollout_ref.rollout.agent.agent_loop_config_path
+    assert sorted(p.name for p in clinic_bank.iterdir()) == before
+    assert "medexagent" in open(loops).read() and str(clinic_bank) not in loops

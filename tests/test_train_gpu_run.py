@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import types
 
 import pytest
 from transformers import AutoTokenizer
 from verl.tools.tool_registry import load_all_tools
 
 from case_env.core.calls import call_text
-from case_env.verl import checks, grpo, launch
+from case_env.verl import checks, grpo, launch, loop
 from case_env.verl.offline import ScriptedModel, loop_config, make_loop, run_row
 from case_env.verl.tool import TEXT_ONLY
 from tests.server_harness import live_server
@@ -35,9 +36,12 @@ def dry(*argv: str) -> tuple:
     return run, {c.name: c for c in run.check(live=False)}
 
 
-def played(bank, tokenizer, script: list[str], monkeypatch, server, **env) -> tuple:
-    """One radiologist row (its tools draw images) played by `script` through verl's ToolAgentLoop, the tools
-    loaded from the bank's YAML under `env` (as verl's workers get the launcher's variables)."""
+def played(
+    bank, tokenizer, script: list[str], monkeypatch, server, retries: int | None = None, **env
+) -> tuple:
+    """One radiologist row (its tools draw images) played by `script` through the launcher's `tool_agent` loop
+    (verl's ToolAgentLoop), the tools loaded from the bank's YAML under `env` (as verl's workers get the
+    launcher's variables)."""
     monkeypatch.setenv("CASE_ENV_URL", server.url)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
@@ -45,6 +49,8 @@ def played(bank, tokenizer, script: list[str], monkeypatch, server, **env) -> tu
     tools = load_all_tools(
         tool_config_path=str(launch.bank_tool_config(bank, dry_run=True)), function_tool_path=None
     )
+    for tool in tools if retries is not None else ():
+        tool.settings = tool.settings.model_copy(update={"retries": retries})
 
     async def go():
         model = ScriptedModel(tokenizer, lambda text, images, turn: script[turn])
@@ -72,6 +78,7 @@ def test_1_a_text_model_on_the_imaging_bank_reads_its_slices_as_text(bank, qwen3
     script = [call_text("render_slice", RENDER), "<answer>A</answer>"]
     with pytest.raises(ValueError, match="Multimedia data can only be processed by `processor`"):
         played(bank, tokenizer, script, monkeypatch, server, CASE_ENV_TOOL_IMAGES="true")  # as before
+    assert loop._TALLIES[loop.MAX_FAILED_ROLLOUTS].recent[-1] is True  # item 2: a loop that raised is counted
     images = run.plan.env_vars["CASE_ENV_TOOL_IMAGES"]
     output, model = played(bank, tokenizer, script, monkeypatch, server, CASE_ENV_TOOL_IMAGES=images)
     assert TEXT_ONLY in model.prompts[1] and output.extra_fields["case_env_tool_calls"][0]["status"] == "ok"
@@ -127,3 +134,44 @@ def test_3_a_run_never_resumes_another_runs_checkpoints_silently(bank, tmp_path)
 def test_8_no_checkpoints_holds_over_a_recipes_save_frequency(bank):
     run, found = dry("--model", "m", "--data", str(bank), "--recipe", "medexagent", "--no-checkpoints")
     assert run.config.trainer.save_freq == -1 and "none saved" in found["checkpoints"].detail
+
+
+def test_4_a_judge_or_server_only_this_machine_reaches_is_refused_on_several_nodes(bank, monkeypatch):
+    """verl spreads its reward workers over every node: a loopback judge answered the launcher's node, and
+    the other nodes' rows fell back to rules one by one; `http://0.0.0.0` was taken as reachable."""
+    monkeypatch.setenv("CASE_ENV_JUDGE_URL", "http://127.0.0.1:9/v1")
+    monkeypatch.setenv("CASE_ENV_TOKEN", "t" * 24)  # a server beyond loopback needs one
+    recipe = ("--model", "m", "--data", str(bank), "--recipe", "case", "--batch-size", "48")
+    two = dry(*recipe, "--nodes", "2", "--server-url", "http://10.0.0.1:8000")[1]["judge"]
+    assert two.status == checks.FAIL and "reaches only the machine calling it" in two.detail
+    assert "every node reaches" in two.fix
+    assert dry(*recipe)[1]["judge"].status == checks.SKIPPED  # one node: the dry run asks no judge
+    anywhere = dry("--model", "m", "--data", str(bank), "--nodes", "2", "--server-url", "http://0.0.0.0:8000")
+    nodes = anywhere[1]["server from every node"]
+    assert nodes.status == checks.FAIL and "reaches only the machine calling it" in nodes.detail
+
+
+def test_2_6_a_rollout_the_infrastructure_failed_is_kept_out_of_the_gradient_and_counted(
+    bank, qwen3, monkeypatch
+):
+    """An unreachable server came back as an ordinary tool answer and entered GRPO as reward 0; a loop that
+    raised was dropped without a count. Through the launcher's loop, such a trajectory's response is masked
+    out, marked, and counted toward the threshold that stops the run."""
+    run, _ = dry("--model", str(qwen3), "--data", str(bank), "--max-failed-rollouts", "0.1")
+    loops = open(run.config.actor_rollout_ref.rollout.agent.agent_loop_config_path).read()
+    assert (
+        "name: tool_agent\n  _target_: case_env.verl.loop.CaseToolAgentLoop\n  max_failed_rollouts: 0.1"
+        in loops
+    )
+    tokenizer = AutoTokenizer.from_pretrained(str(qwen3))
+    script = [call_text("get_clinical_context", {"section": "history"}), "<answer>A</answer>"]
+    nowhere = types.SimpleNamespace(url="http://127.0.0.1:9")  # nothing listens there
+    output, _ = played(bank, tokenizer, script, monkeypatch, nowhere, retries=0, CASE_ENV_TOOL_IMAGES="false")
+    assert output.extra_fields["case_env_tool_calls"][0]["infra_error"] is True
+    assert output.extra_fields[loop.FAILED_FIELD] == 1 and set(output.response_mask) == {0}
+    assert len(output.response_mask) == len(output.response_ids) > 0
+    tally = loop.FailureTally(0.1, window=100, least=20)
+    verdicts = [tally.add(i % 5 == 0) for i in range(40)]  # one in five failed: 20% > 10%
+    assert verdicts[:19] == [None] * 19  # too few to judge
+    assert verdicts[19] is not None and "4 of this worker's last 20 rollouts failed" in verdicts[19]
+    assert loop.FailureTally(0.25).add(False) is None

@@ -35,6 +35,18 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def only_here(url: str) -> bool:
+    """A URL that reaches this machine only, wherever it is called: loopback, or the unspecified address
+    (`http://0.0.0.0:8000` connects to the caller's own machine, a bind address is not a destination)."""
+    host = httpx.URL(url).host
+    if is_loopback(host):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_unspecified
+    except ValueError:
+        return False
+
+
 def reachable(url: str) -> bool:
     try:
         return httpx.get(f"{url}/healthz", timeout=2).status_code == 200

@@ -26,7 +26,7 @@ import httpx
 from omegaconf import OmegaConf
 
 from case_env.core.answers import final_segment
-from case_env.server.control import is_loopback
+from case_env.server.control import only_here
 from case_env.verl.cluster import NodeReport
 from case_env.verl.dataset import offered_tools
 from case_env.verl.model_files import ModelFiles
@@ -269,11 +269,12 @@ def nodes(reports: list[NodeReport] | None, url: str, wanted: int, env_vars: dic
         "address), or --server-url http://<reachable host>:<port>"
     )
     if reports is None:
-        if wanted > 1 and is_loopback(httpx.URL(url).host):  # knowable from the arguments alone
+        if wanted > 1 and only_here(url):  # knowable from the arguments alone
             return Check(
                 name,
                 FAIL,
-                f"{url} is loopback, and the other {wanted - 1} node(s) would each call their own",
+                f"{url} reaches only the machine calling it, and the other {wanted - 1} node(s) would each call "
+                "their own",
                 loopback_fix,
             )
         return Check(name, SKIPPED, "a dry run starts nothing (no Ray, no server)")
@@ -281,11 +282,11 @@ def nodes(reports: list[NodeReport] | None, url: str, wanted: int, env_vars: dic
     problems = []
     if len(reports) < wanted:
         problems.append(f"the Ray cluster has {len(reports)} live node(s), the run asks for --nodes {wanted}")
-    if remote and is_loopback(httpx.URL(url).host):
+    if remote and only_here(url):
         return Check(
             name,
             FAIL,
-            f"{url} is loopback, and {len(remote)} other node(s) would each call their own",
+            f"{url} reaches only the machine calling it, and {len(remote)} other node(s) would each call their own",
             loopback_fix,
         )
     for report in reports:
@@ -614,9 +615,11 @@ def distillation(config: Any, train: Any) -> Check:
     return Check(name, PASS, detail)
 
 
-def judge(env: Any, env_vars: dict[str, str], live: bool) -> Check:
+def judge(env: Any, env_vars: dict[str, str], live: bool, nodes: int = 1) -> Check:
     """A reward that asks a judge has one: without `CASE_ENV_JUDGE_URL` it would fall back to its rules on
-    every row, silently. Live, the judge is asked one question."""
+    every row, silently, and on several nodes it is reachable from each (verl spreads its reward workers over
+    every node: a loopback judge would answer one node's rows, the others' would fall back one by one).
+    Live, the judge is asked one question."""
     from case_env.core.parts import Judged
 
     name = "judge"
@@ -631,6 +634,14 @@ def judge(env: Any, env_vars: dict[str, str], live: bool) -> Check:
             f"the {env.title} reward is graded by a judge under this run's settings, and CASE_ENV_JUDGE_URL is "
             "unset: its rules would grade every row instead, without a word",
             f"CASE_ENV_JUDGE_URL=<an OpenAI-compatible server> (CASE_ENV_JUDGE_MODEL its model){rules}",
+        )
+    if nodes > 1 and only_here(url):
+        return Check(
+            name,
+            FAIL,
+            f"CASE_ENV_JUDGE_URL={url} reaches only the machine calling it, and verl scores rows on all {nodes} "
+            "nodes: the other nodes' rows would be graded by rules instead",
+            "serve the judge on an address every node reaches and set CASE_ENV_JUDGE_URL to it",
         )
     if not live:
         return Check(name, SKIPPED, f"a dry run asks no judge ({url})")

@@ -67,14 +67,14 @@ def offered_tools(row: dict, schemas: list[dict]) -> list[dict]:
 
 @functools.cache
 def loop_class(agent_name: str) -> type:
-    """The agent loop a row names: an environment's own (`AgentLoops`), else verl's `ToolAgentLoop`."""
-    from verl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop
+    """The agent loop a row names: an environment's own (`AgentLoops`), else case-env's `tool_agent`."""
+    from case_env.verl.loop import CaseToolAgentLoop
 
     for env in registry.environments().values():
         if isinstance(env, AgentLoops) and agent_name in env.agent_loops:
             module, _, name = env.agent_loops[agent_name].rpartition(".")
             return getattr(importlib.import_module(module), name)
-    return ToolAgentLoop
+    return CaseToolAgentLoop
 
 
 def renders_tools(row: dict) -> bool:

@@ -128,7 +128,7 @@ class Plan:
             "actor_rollout_ref.rollout.multi_turn.max_tool_response_length=2048",
             "actor_rollout_ref.rollout.agent.num_workers=8",
             "actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent",
-            *agent_loop_overrides(data),
+            *agent_loop_overrides(data, args.tool_config.resolve().parent, args.max_failed_rollouts),
             *self._distillation(),
             *self._reward_manager(),
             f"reward.custom_reward_function.path={Path(case_env.reward.__file__).resolve()}",
@@ -313,15 +313,22 @@ def bank_env(data: Path) -> str:
     return envs.pop()
 
 
-def agent_loop_overrides(data: Path) -> list[str]:
-    """The bank's environment's own agent loops (`AgentLoops`), listed in a file beside the bank that verl
-    registers in every AgentLoopWorker (`rollout.agent.agent_loop_config_path`); rows choose by `agent_name`."""
+def agent_loop_overrides(data: Path, folder: Path, max_failed_rollouts: float) -> list[str]:
+    """The agent loops verl registers in every AgentLoopWorker (`rollout.agent.agent_loop_config_path`), listed
+    in a file in `folder` (where the tool YAML went: beside the bank, or a dry run's temporary copy): case-env's
+    `tool_agent` (`case_env.verl.loop`) in place of verl's, and the bank's environment's own (`AgentLoops`);
+    rows choose by `agent_name`."""
     env = registry.get(bank_env(data))
-    if not isinstance(env, AgentLoops) or not env.agent_loops:
-        return []
-    path = data / "verl_agent_loops.yaml"
-    lines = [f"- name: {name}\n  _target_: {target}\n" for name, target in env.agent_loops.items()]
-    path.write_text("".join(lines))
+    loops = {"tool_agent": "case_env.verl.loop.CaseToolAgentLoop"}
+    if isinstance(env, AgentLoops):
+        loops.update(env.agent_loops)
+    path = folder / "verl_agent_loops.yaml"
+    path.write_text(
+        "".join(
+            f"- name: {name}\n  _target_: {target}\n  max_failed_rollouts: {max_failed_rollouts}\n"
+            for name, target in loops.items()
+        )
+    )
     return [f"actor_rollout_ref.rollout.agent.agent_loop_config_path={path}"]
 
 

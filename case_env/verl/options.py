@@ -22,6 +22,7 @@ from case_env.core.parts import Recipe, Recipes
 BASE = Recipe({}, group_size=8, epochs=3, rollout="vllm", summary="ours")
 TEMPLATE_CHOICES = ("auto", "model", "shipped")
 REWARD_MANAGERS = ("auto", "naive", "rate_limited")
+MAX_FAILED_ROLLOUTS = 0.05  # ours: a few percent (case_env/verl/loop.py reads the same default)
 JUDGE_CONCURRENCY = 256  # ours: about what one vLLM judge server batches at once (its --max-num-seqs)
 # ours: one teacher replica per node at verl's default tensor parallelism (2), an 8B model in BF16 with room
 # for its KV cache at verl's 0.5 memory share
@@ -139,6 +140,9 @@ HELP = {
     "directory].",
     "no_checkpoints": "Run without saving checkpoints (trainer.save_freq=-1); preflight refuses such a run "
     "otherwise.",
+    "max_failed_rollouts": "Stop the run when more than this share of a rollout worker's recent trajectories "
+    "failed for the infrastructure (the server unreachable, a 5xx or timeout after retries, a loop that raised); "
+    "such trajectories are kept out of the gradient below it. 1 never stops.",
     "experiment": "trainer.experiment_name [default: case-env-<recipe>-<model>-<bank directory>].",
     "reward_manager": "verl's reward manager. auto: rate_limited when the bank's rewards ask a judge and "
     "CASE_ENV_JUDGE_URL is set, else naive.",
@@ -195,6 +199,9 @@ def _launcher(known: dict[str, Recipe]):
         chat_template: Annotated[str, option("chat_template")] = "auto",
         checkpoint_dir: Annotated[Path | None, option("checkpoint_dir")] = None,
         no_checkpoints: Annotated[bool, option("no_checkpoints")] = False,
+        max_failed_rollouts: Annotated[
+            float, option("max_failed_rollouts", min=0.0, max=1.0)
+        ] = MAX_FAILED_ROLLOUTS,
         experiment: Annotated[str | None, option("experiment")] = None,
         reward_manager: Annotated[Literal[REWARD_MANAGERS], option("reward_manager")] = "auto",
         judge_concurrency: Annotated[int, option("judge_concurrency")] = JUDGE_CONCURRENCY,

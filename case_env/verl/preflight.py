@@ -162,7 +162,7 @@ class Preflight:
         results.append(checks.gpus(reports, args.gpus, args.nodes))
         results.append(checks.episode_ids(config))
         results.append(checks.distillation(config, self.datasets["train"]))
-        results.append(checks.judge(self.env_object, plan.env_vars, live))
+        results.append(checks.judge(self.env_object, plan.env_vars, live, args.nodes))
         self.results = results
         return results
 

@@ -21,19 +21,20 @@ import sys
 from typing import Any
 
 from verl.experimental.agent_loop.agent_loop import register
-from verl.experimental.agent_loop.tool_agent_loop import AgentData, AgentState, ToolAgentLoop
+from verl.experimental.agent_loop.tool_agent_loop import AgentData, AgentState
 
 from case_env.core import registry
 from case_env.core.answers import final_segment
 from case_env.core.parts import Dialogue
 from case_env.envs.clinic.bank import LOOP
 from case_env.envs.clinic.context import MAX_TEXT
+from case_env.verl.loop import CaseToolAgentLoop
 
 _SPEAK = "_case_env_speak"  # the words of the last turn, kept on the agent data when they go to the patient
 
 
 @register(LOOP)
-class MedExAgentLoop(ToolAgentLoop):
+class MedExAgentLoop(CaseToolAgentLoop):
     RENDERS_TOOLS = False  # the exam list is in the system prompt (what the length filter measures)
 
     def __init__(self, *args: Any, render_tools: bool = RENDERS_TOOLS, **kwargs: Any):
