@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+from pathlib import Path
 
 import pytest
 
@@ -67,7 +68,7 @@ def test_b2_rows_the_length_filter_drops_count_against_the_batch(bank, qwen3):
 
 
 def test_b3_opsd_that_would_pad_the_batch_is_refused_with_sizes_that_divide(bank):
-    found = dry("--model", "m", "--data", str(bank), "--recipe", "case", "--gpus", "8")
+    found = dry("--model", "m", "--data", str(bank), "--recipe", "case", "--gpus", "8", "--teacher-gpus", "2")
     batches = found["batches"]
     # 64 prompts x 8 samples on 6 student GPUs: lcm(6, 128) = 384, so 512 became 768 with 256 dummies
     assert batches.status == checks.FAIL
@@ -75,7 +76,18 @@ def test_b3_opsd_that_would_pad_the_batch_is_refused_with_sizes_that_divide(bank
     assert "6 updates of about 85 real sequences instead of 4" in batches.detail
     size = int(batches.fix.split("--batch-size ")[1].split(",")[0])
     fixed = dry(
-        "--model", "m", "--data", str(bank), "--recipe", "case", "--gpus", "8", "--batch-size", str(size)
+        "--model",
+        "m",
+        "--data",
+        str(bank),
+        "--recipe",
+        "case",
+        "--gpus",
+        "8",
+        "--teacher-gpus",
+        "2",
+        "--batch-size",
+        str(size),
     )
     assert fixed["batches"].status == checks.PASS and "updates of" in fixed["batches"].detail
     plain = dry("--model", "m", "--data", str(bank), "--batch-size", "8")["batches"]
@@ -154,18 +166,29 @@ def test_b6_the_clinic_length_filter_measures_what_medexagents_loop_renders(clin
     assert reported == plain < with_tools
 
 
-def test_b7_patient_replies_are_cut_as_verl_cuts_tool_text(pneumonia, checkpoint, monkeypatch):  # noqa: F811
+def test_b7_patient_replies_are_whole_as_medexagent_keeps_them_or_cut_as_verl_cuts_tool_text(
+    pneumonia,  # noqa: F811
+    checkpoint,
+    monkeypatch,
+):
     from tests.test_clinic_loop import TURNS, _tokenizer, composed, one_batch, rollout
 
     bank, server = pneumonia
     monkeypatch.setenv("CASE_ENV_URL", server.url)
     config = composed(bank, checkpoint)
     config.actor_rollout_ref.rollout.multi_turn.max_tool_response_length = 24
-    model, played, *_ = asyncio.run(rollout(config, one_batch(config, _tokenizer(checkpoint)), TURNS))
-    said = played.extra_fields["case_env_tool_calls"][0]["text"]  # the whole reply, as the server gave it
-    assert len(said) > 24
-    prompt = model.prompts[1]  # the second turn sees the patient's first reply
-    reply = prompt.split(TURNS[0], 1)[1].split("<|im_start|>user\n", 1)[1].split("<|im_end|>")[0]
+
+    def heard(config) -> tuple[str, str]:
+        model, played, *_ = asyncio.run(rollout(config, one_batch(config, _tokenizer(checkpoint)), TURNS))
+        said = played.extra_fields["case_env_tool_calls"][0]["text"]  # the whole reply, as the server gave it
+        prompt = model.prompts[1]  # the second turn sees the patient's first reply
+        return said, prompt.split(TURNS[0], 1)[1].split("<|im_start|>user\n", 1)[1].split("<|im_end|>")[0]
+
+    said, reply = heard(config)
+    assert len(said) > 24 and reply == said  # MedExAgent's default: the reply whole
+    loops = Path(config.actor_rollout_ref.rollout.agent.agent_loop_config_path)
+    loops.write_text(loops.read_text().replace("MedExAgentLoop\n", "MedExAgentLoop\n  cut_replies: true\n"))
+    said, reply = heard(config)
     assert reply == said[:12] + "...(truncated)..." + said[-12:]
 
 
@@ -183,4 +206,4 @@ def test_b9_a_dry_run_writes_nothing_beside_the_bank(clinic_bank):
     run = grpo.prepare(["--model", "m", "--data", str(clinic_bank), "--recipe", "medexagent", "--dry-run"])
     loops = run.config.actor_rollout_ref.rollout.agent.agent_loop_config_path
     assert sorted(p.name for p in clinic_bank.iterdir()) == before
-    assert "medexagent" in open(loops).read() and str(clinic_bank) not in loops
+    assert "medexagent" in Path(loops).read_text() and str(clinic_bank) not in loops

@@ -154,7 +154,10 @@ def test_preflight_refuses_a_loopback_server_with_other_nodes_and_a_template_wit
     )
     checks = table(result.stdout)
     status, detail = checks["server from every node"]
-    assert status == "FAIL" and "reaches only the machine calling it, and 1 other node(s) would each call their own" in detail
+    assert (
+        status == "FAIL"
+        and "reaches only the machine calling it, and 1 other node(s) would each call their own" in detail
+    )
     assert "fix: --server-host 0.0.0.0 with CASE_ENV_TOKEN" in detail
     status, detail = checks["chat template"]
     assert status == "FAIL" and "renders no tool schemas" in detail

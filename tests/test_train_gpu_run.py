@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import types
+from pathlib import Path
 
 import pytest
 from transformers import AutoTokenizer
@@ -158,7 +159,7 @@ def test_2_6_a_rollout_the_infrastructure_failed_is_kept_out_of_the_gradient_and
     raised was dropped without a count. Through the launcher's loop, such a trajectory's response is masked
     out, marked, and counted toward the threshold that stops the run."""
     run, _ = dry("--model", str(qwen3), "--data", str(bank), "--max-failed-rollouts", "0.1")
-    loops = open(run.config.actor_rollout_ref.rollout.agent.agent_loop_config_path).read()
+    loops = Path(run.config.actor_rollout_ref.rollout.agent.agent_loop_config_path).read_text()
     assert (
         "name: tool_agent\n  _target_: case_env.verl.loop.CaseToolAgentLoop\n  max_failed_rollouts: 0.1"
         in loops
@@ -175,3 +176,25 @@ def test_2_6_a_rollout_the_infrastructure_failed_is_kept_out_of_the_gradient_and
     assert verdicts[:19] == [None] * 19  # too few to judge
     assert verdicts[19] is not None and "4 of this worker's last 20 rollouts failed" in verdicts[19]
     assert loop.FailureTally(0.25).add(False) is None
+
+
+def test_7_opsd_on_eight_gpus_runs_unpadded_out_of_the_box_and_its_fix_is_possible(bank):
+    """`--recipe case` on 8 GPUs padded every step (6 student GPUs), and the fix it named (8 student GPUs) left
+    the teacher none."""
+    run, found = dry("--model", "m", "--data", str(bank), "--recipe", "case", "--gpus", "8")
+    assert run.args.teacher_gpus == 4 and run.config.trainer.n_gpus_per_node == 4  # 512 sequences over 4
+    assert found["batches"].status == checks.PASS
+    _, padded = dry(
+        "--model", "m", "--data", str(bank), "--recipe", "case", "--gpus", "8", "--teacher-gpus", "2"
+    )
+    fix = padded["batches"].fix
+    assert padded["batches"].status == checks.FAIL and "--teacher-gpus 4 (4 student GPU(s) per node)" in fix
+    for gpus in ("6", "8"):  # every teacher count the fix names leaves it one GPU or more, and passes
+        case = ("--model", "m", "--data", str(bank), "--recipe", "case", "--gpus", gpus, "--batch-size", "48")
+        named = dry(*case, "--teacher-gpus", "1")[1]["batches"].fix.split("--teacher-gpus ")
+        if len(named) > 1:
+            teacher = named[1].split(" ")[0]
+            assert (
+                int(teacher) >= 1
+                and dry(*case, "--teacher-gpus", teacher)[1]["batches"].status == checks.PASS
+            )

@@ -374,25 +374,27 @@ def batches(config: Any, train_rows: int, fitting: str = "") -> Check:
 
 
 def _dividing(config: Any, world: int) -> list[str]:
-    """Batch sizes near the run's, and student GPU counts, whose steps need no padding."""
+    """Batch sizes near the run's, and GPU counts, whose steps need no padding: with OPSD, the teacher's share
+    of each node (it keeps at least one), else the student's."""
+    from case_env.verl.options import unpadded
+
     n = int(config.actor_rollout_ref.rollout.n)
     batch = int(config.data.train_batch_size)
     ratio = batch // max(1, int(config.actor_rollout_ref.actor.ppo_mini_batch_size))  # updates per step
-
-    def fits(b: int, w: int) -> bool:
-        mini = max(1, b // ratio) * n
-        return b % ratio == 0 and (b * n) % math.lcm(w, mini) == 0
-
+    nodes = int(config.trainer.nnodes)
     near = sorted(
-        (b for b in range(ratio, 4 * batch + 1, ratio) if fits(b, world)), key=lambda b: abs(b - batch)
+        (b for b in range(ratio, 4 * batch + 1, ratio) if b % ratio == 0 and unpadded(b, n, ratio, world)),
+        key=lambda b: abs(b - batch),
     )
-    gpus = [
-        w
-        for w in range(1, int(config.trainer.n_gpus_per_node) + 3)
-        if fits(batch, w * int(config.trainer.nnodes))
-    ]
     found = [f"--batch-size {b}" for b in sorted(near[:2])]
-    found += [f"{w} student GPU(s) per node (--teacher-gpus to match)" for w in gpus[-1:]]
+    students = int(config.trainer.n_gpus_per_node)
+    if config.distillation.get("enabled"):
+        node = students + int(config.distillation.n_gpus_per_node)
+        fit = [w for w in range(1, node) if unpadded(batch, n, ratio, w * nodes)]
+        found += [f"--teacher-gpus {node - w} ({w} student GPU(s) per node)" for w in fit[-1:]]
+    else:
+        fit = [w for w in range(1, students + 3) if unpadded(batch, n, ratio, w * nodes)]
+        found += [f"--gpus {w}" for w in fit[-1:]]
     return found or ["--batch-size a multiple of the GPUs' count"]
 
 

@@ -5,6 +5,7 @@ Each launcher reads its options and hands the rest (verl's `key=value` Hydra ove
 `--option` is refused, since verl takes none. The recipes' defaults fill what was not given.
 """
 
+import math
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -82,11 +83,30 @@ def parse(argv: list[str], prog: str = "scripts/train_grpo.sh") -> tuple[SimpleN
     args.rollout = args.rollout or installed_engine(recipe.rollout)
     args.opsd = recipe.opsd if args.opsd is None else args.opsd
     args.teacher_model = args.teacher_model or args.model
+    if args.teacher_gpus is None:
+        args.teacher_gpus = teacher_gpus(args, recipe.updates_per_step)
     args.experiment = args.experiment or default_experiment(args.recipe, args.model, args.data)
     args.checkpoint_dir = (
         args.checkpoint_dir or Path("checkpoints") / "case-env" / args.experiment
     ).resolve()
     return args, extra
+
+
+def unpadded(batch: int, group: int, updates: int, world: int) -> bool:
+    """Whether verl's V1 trainer takes a step of `batch` prompts x `group` on `world` student GPUs unpadded:
+    it pads to a multiple of lcm(data-parallel size, the mini-batch in sequences) (`_get_required_batch_multiple`,
+    trainer/ppo/v1/trainer_base.py)."""
+    mini = max(1, batch // updates) * group
+    return (batch * group) % math.lcm(world, mini) == 0
+
+
+def teacher_gpus(args: SimpleNamespace, updates: int) -> int:
+    """OPSD's teacher GPUs per node when none are given: the fewest, from 2 (tensor parallel 2) up, then odd
+    counts, that leave the student a count its step needs no padding on; else 2."""
+    for teacher in [*range(TEACHER_GPUS, args.gpus, 2), *range(1, args.gpus, 2)]:
+        if unpadded(args.batch_size, args.group_size, updates, (args.gpus - teacher) * args.nodes):
+            return teacher
+    return TEACHER_GPUS
 
 
 def default_experiment(recipe: str, model: str, data: Path) -> str:
@@ -151,7 +171,8 @@ HELP = {
     "judge_rpm": "Judge requests per minute (rate_limited) [default: no limit].",
     "judge_tpm": "Judge tokens per minute (rate_limited) [default: no limit].",
     "teacher_model": "The OPSD teacher [default: --model, the initial checkpoint: self-distillation].",
-    "teacher_gpus": "GPUs per node serving the OPSD teacher, taken from --gpus.",
+    "teacher_gpus": "GPUs per node serving the OPSD teacher, taken from --gpus [default: the fewest, from 2 up, "
+    "that leave the student a count its step needs no padding on; else 2].",
     "skip_preflight": "Start the run without `case-env train preflight`.",
     "dry_run": "Compose the config, validate it with verl and print the preflight table and the main_ppo "
     "command; start and write nothing (exit 2 when a check fails).",
@@ -209,7 +230,7 @@ def _launcher(known: dict[str, Recipe]):
         judge_tpm: Annotated[int | None, option("judge_tpm")] = None,
         opsd: Annotated[bool | None, option("opsd", "--opsd/--no-opsd", show_default=False)] = None,
         teacher_model: Annotated[str | None, option("teacher_model")] = None,
-        teacher_gpus: Annotated[int, option("teacher_gpus")] = TEACHER_GPUS,
+        teacher_gpus: Annotated[int | None, option("teacher_gpus")] = None,
         skip_preflight: Annotated[bool, option("skip_preflight")] = False,
         dry_run: Annotated[bool, option("dry_run")] = False,
         print_config: Annotated[bool, option("print_config")] = False,

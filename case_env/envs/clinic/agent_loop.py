@@ -37,8 +37,13 @@ _SPEAK = "_case_env_speak"  # the words of the last turn, kept on the agent data
 class MedExAgentLoop(CaseToolAgentLoop):
     RENDERS_TOOLS = False  # the exam list is in the system prompt (what the length filter measures)
 
-    def __init__(self, *args: Any, render_tools: bool = RENDERS_TOOLS, **kwargs: Any):
+    def __init__(
+        self, *args: Any, render_tools: bool = RENDERS_TOOLS, cut_replies: bool = False, **kwargs: Any
+    ):
         super().__init__(*args, **kwargs)
+        # MedExAgent's loop hands the patient's reply over whole; `cut_replies: true` in the loop's entry of the
+        # agent-loop file cuts it as verl cuts a tool's text (`max_tool_response_length`), for a tight budget
+        self.cut_replies = cut_replies
         env = registry.get("clinic")
         assert isinstance(env, Dialogue)
         self.dialogue = env
@@ -123,7 +128,7 @@ class MedExAgentLoop(CaseToolAgentLoop):
             response, _, _ = await tool.execute(instance, {self.dialogue.said: said}, agent_data=agent_data)
         finally:
             await tool.release(instance)
-        return self._cut(response.text or "")
+        return self._cut(response.text or "") if self.cut_replies else response.text or ""
 
     def _cut(self, text: str) -> str:
         """A reply cut to `max_tool_response_length` characters as verl's `_call_tool` cuts a tool's text
