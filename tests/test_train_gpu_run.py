@@ -14,7 +14,7 @@ from transformers import AutoTokenizer
 from verl.tools.tool_registry import load_all_tools
 
 from case_env.core.calls import call_text
-from case_env.verl import checks, grpo, launch, loop
+from case_env.verl import checks, grpo, launch, loop, options
 from case_env.verl.offline import ScriptedModel, loop_config, make_loop, run_row
 from case_env.verl.tool import TEXT_ONLY
 from tests.server_harness import live_server
@@ -198,3 +198,38 @@ def test_7_opsd_on_eight_gpus_runs_unpadded_out_of_the_box_and_its_fix_is_possib
                 int(teacher) >= 1
                 and dry(*case, "--teacher-gpus", teacher)[1]["batches"].status == checks.PASS
             )
+
+
+@pytest.fixture(scope="module")
+def clinic_bank(tmp_path_factory):
+    from case_env.core.bank import write
+    from case_env.envs.clinic.bank import build as build_clinic
+    from case_env.envs.clinic.noise import NoiseConfig
+    from case_env.envs.clinic.synth import make_cases
+
+    folder = tmp_path_factory.mktemp("clinic-bank")
+    write(build_clinic(make_cases(30, 0), 0, (0.8, 0.1, 0.1), NoiseConfig()), folder, {"env": "clinic"})
+    return folder
+
+
+@pytest.mark.parametrize("recipe", sorted(options.recipes()))
+def test_every_recipes_dry_run_says_its_updates_what_it_logs_and_where_it_resumes(
+    recipe, bank, clinic_bank, monkeypatch, tmp_path
+):
+    monkeypatch.setenv("CASE_ENV_IMAGING_RUBRIC_GRADER", "rules")  # no judge here
+    data = clinic_bank if recipe == "medexagent" else bank
+    argv = [
+        "--model",
+        "m",
+        "--data",
+        str(data),
+        "--recipe",
+        recipe,
+        "--checkpoint-dir",
+        str(tmp_path / "ckpt"),
+    ]
+    found = dry(*argv, "--batch-size", "16")[1]
+    assert "updates of" in found["batches"].detail  # updates per step
+    assert "each step: the reward (critic/score/mean)" in found["logged per step"].detail
+    assert "acc, format_ok, judge_fallback, infra_error, calls_dropped" in found["logged per step"].detail
+    assert "starts afresh (no checkpoint yet)" in found["checkpoints"].detail  # where it resumes from

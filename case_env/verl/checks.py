@@ -398,6 +398,31 @@ def _dividing(config: Any, world: int) -> list[str]:
     return found or ["--batch-size a multiple of the GPUs' count"]
 
 
+def logged(config: Any) -> Check:
+    """What the run's log shows each step and at validation. verl 0.9.1's V1 trainer logs a training step's
+    reward as `critic/score/*` and nothing of the reward's other keys (`_compute_metrics`,
+    trainer/ppo/v1/trainer_base.py); they reach the log only at validation, per data source."""
+    from case_env.reward import FAILURE_KEYS
+
+    name = "logged per step"
+    each = "each step: the reward (critic/score/mean), response length, turns, the actor's loss and KL"
+    keys = ", ".join(("acc", "format_ok", "judge_fallback", *FAILURE_KEYS))
+    rollouts = "rollouts the infrastructure failed: masked out, and past --max-failed-rollouts the run stops"
+    test_freq = int(config.trainer.test_freq)
+    if test_freq <= 0:
+        return Check(
+            name,
+            UNVERIFIED,
+            f"{each}; {keys} never (no validation: trainer.test_freq {test_freq}); {rollouts}",
+            "trainer.test_freq=N to see accuracy and format every N steps",
+        )
+    return Check(
+        name,
+        PASS,
+        f"{each}; {keys} at validation every {test_freq} steps (val-core/<source>/...); {rollouts}",
+    )
+
+
 def checkpoints(config: Any, train_rows: int, allowed_off: bool, identity: dict | None = None) -> Check:
     """Where checkpoints go, and where the run resumes from as verl decides it: the step its tracker file
     (`latest_checkpointed_iteration.txt`) names, under `resume_mode=auto`; checkpoints of another run (another

@@ -158,6 +158,7 @@ class Preflight:
         results.append(checks.tool_images(self.files, self.rows, self.schemas, plan.env_vars))
         results.append(checks.batches(config, train_rows, fitting))
         results.append(checks.checkpoints(config, train_rows, args.no_checkpoints, launch.run_identity(args)))
+        results.append(checks.logged(config))
         results.append(checks.rollout_engine(config))
         results.append(checks.gpus(reports, args.gpus, args.nodes))
         results.append(checks.episode_ids(config))
