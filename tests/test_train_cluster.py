@@ -252,3 +252,42 @@ def test_opsd_workers_on_two_nodes_send_the_teacher_each_rows_privileged_prompt(
     assert result["rows"] == result["sent"] == result["privileged"] == result["insights"] == 4
     assert result["nodes"] == 2  # one worker on each node, each asked the teacher
     assert result["aligned"] == [True] * 4 and result["workers"] == "AgentLoopManager"
+
+
+# The job's runtime environment as the launcher composes it, on the two-node cluster: every worker, on either
+# node, knows the trainer mode the config names (verl builds its trainer in such a worker).
+_TRAINER = """
+import json, sys
+import ray
+from case_env.verl import grpo
+
+address, bank = sys.argv[1:3]
+run = grpo.prepare(["--model", "m", "--data", bank, "--dry-run"])
+runtime_env = {"worker_process_setup_hook": run.config.ray_kwargs.ray_init.runtime_env.worker_process_setup_hook}
+ray.init(address=address, runtime_env=runtime_env)
+
+@ray.remote(num_cpus=0, scheduling_strategy="SPREAD")
+def mode(name):
+    from verl.trainer.ppo.v1 import PPOTrainerSync, get_trainer_cls
+    trainer = get_trainer_cls(name)
+    return [ray.get_runtime_context().get_node_id(), issubclass(trainer, PPOTrainerSync),
+            "_compute_metrics" in vars(trainer)]
+
+found = ray.get([mode.remote(run.config.trainer.v1.trainer_mode) for _ in range(4)])
+print(json.dumps({"nodes": len({f[0] for f in found}), "found": [f[1:] for f in found]}))
+ray.shutdown()
+"""
+
+
+def test_the_trainer_that_logs_the_rewards_keys_is_known_to_every_worker_of_the_job(cluster, bank):
+    done = subprocess.run(
+        [sys.executable, "-c", _TRAINER, cluster.address, str(bank)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(next(line for line in reversed(done.stdout.splitlines()) if line.startswith("{")))
+    assert result["found"] == [[True, True]] * 4 and result["nodes"] == 2

@@ -14,7 +14,7 @@ from transformers import AutoTokenizer
 from verl.tools.tool_registry import load_all_tools
 
 from case_env.core.calls import call_text
-from case_env.verl import checks, grpo, launch, loop, options
+from case_env.verl import checks, grpo, launch, loop, options, steps
 from case_env.verl.offline import ScriptedModel, loop_config, make_loop, run_row
 from case_env.verl.tool import TEXT_ONLY
 from tests.server_harness import live_server
@@ -230,6 +230,30 @@ def test_every_recipes_dry_run_says_its_updates_what_it_logs_and_where_it_resume
     ]
     found = dry(*argv, "--batch-size", "16")[1]
     assert "updates of" in found["batches"].detail  # updates per step
-    assert "each step: the reward (critic/score/mean)" in found["logged per step"].detail
-    assert "acc, format_ok, judge_fallback, infra_error, calls_dropped" in found["logged per step"].detail
+    logged = found["logged per step"]
+    assert (
+        logged.status == checks.PASS
+        and "each step: the reward (critic/score/mean) and its keys" in logged.detail
+    )
+    assert "reward/<key>/mean (acc, format_ok, judge_fallback, infra_error, calls_dropped)" in logged.detail
     assert "starts afresh (no checkpoint yet)" in found["checkpoints"].detail  # where it resumes from
+
+
+def test_8_each_step_logs_the_rewards_keys_as_means(bank):
+    """V1 logged a training step's score only: the trainer mode the launcher names adds the reward's numeric
+    keys, read from each trajectory's extra fields as verl's agent-loop workers store them."""
+    run, _ = dry("--model", "m", "--data", str(bank))  # verl validated the config
+    assert run.config.trainer.v1.trainer_mode == steps.MODE
+    assert run.config.ray_kwargs.ray_init.runtime_env.worker_process_setup_hook == "case_env.verl.steps.setup"
+    trajectories = [
+        {"reward_extra_info": {"score": 1.0, "acc": 1.0, "format_ok": True, "infra_error": 0.0, "pred": "A"}},
+        {"reward_extra_info": {"score": 0.0, "acc": 0.0, "format_ok": False, "infra_error": 1.0, "pred": ""}},
+        {"reward_extra_info": {"acc": 1.0, "judge_fallback": 1.0, "rubric": float("nan")}},
+        {},  # a trajectory without reward keys
+    ]
+    assert steps.means(trajectories) == {
+        "reward/acc/mean": 2 / 3,
+        "reward/format_ok/mean": 0.5,
+        "reward/infra_error/mean": 0.5,
+        "reward/judge_fallback/mean": 1.0,
+    }

@@ -400,26 +400,33 @@ def _dividing(config: Any, world: int) -> list[str]:
 
 def logged(config: Any) -> Check:
     """What the run's log shows each step and at validation. verl 0.9.1's V1 trainer logs a training step's
-    reward as `critic/score/*` and nothing of the reward's other keys (`_compute_metrics`,
-    trainer/ppo/v1/trainer_base.py); they reach the log only at validation, per data source."""
+    reward as `critic/score/*` and nothing of the reward's other keys; the launcher's trainer mode
+    (`case_env/verl/steps.py`) adds them."""
     from case_env.reward import FAILURE_KEYS
+    from case_env.verl.steps import MODE
 
     name = "logged per step"
-    each = "each step: the reward (critic/score/mean), response length, turns, the actor's loss and KL"
     keys = ", ".join(("acc", "format_ok", "judge_fallback", *FAILURE_KEYS))
-    rollouts = "rollouts the infrastructure failed: masked out, and past --max-failed-rollouts the run stops"
     test_freq = int(config.trainer.test_freq)
-    if test_freq <= 0:
+    validation = (
+        f"per data source at validation every {test_freq} steps"
+        if test_freq > 0
+        else f"no validation (trainer.test_freq {test_freq})"
+    )
+    if config.trainer.v1.trainer_mode != MODE:
         return Check(
             name,
             UNVERIFIED,
-            f"{each}; {keys} never (no validation: trainer.test_freq {test_freq}); {rollouts}",
-            "trainer.test_freq=N to see accuracy and format every N steps",
+            f"trainer.v1.trainer_mode {config.trainer.v1.trainer_mode}: each step the reward (critic/score/mean) "
+            f"only; {keys} {validation}",
+            f"trainer.v1.trainer_mode={MODE} (verl's synchronous trainer, logging the reward's keys)",
         )
     return Check(
         name,
         PASS,
-        f"{each}; {keys} at validation every {test_freq} steps (val-core/<source>/...); {rollouts}",
+        f"each step: the reward (critic/score/mean) and its keys as reward/<key>/mean ({keys}), lengths, turns, "
+        f"the actor's loss and KL; {validation}; rollouts the infrastructure failed are masked out, and past "
+        "--max-failed-rollouts the run stops",
     )
 
 

@@ -36,6 +36,7 @@ from case_env.core.bank import bank_sources, split_file
 from case_env.core.parts import AgentLoops, Judged
 from case_env.reward import score_deadline_s
 from case_env.server.control import is_loopback
+from case_env.verl import steps
 from case_env.verl.config import write
 from case_env.verl.options import TEMPLATE_CHOICES, recipes
 
@@ -139,6 +140,10 @@ class Plan:
             "trainer.project_name=case-env",
             f"trainer.experiment_name={args.experiment}",
             "trainer.logger=[console]",
+            # verl's synchronous trainer logging the reward's keys each step (case_env/verl/steps.py), registered
+            # in every Ray worker of the job by Ray's setup hook
+            f"trainer.v1.trainer_mode={steps.MODE}",
+            f"+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook={steps.HOOK}",
             # ours: a checkpoint every 20 steps and the last (verl saves only when save_freq > 0, its default
             # is -1), the latest two kept (a 7B checkpoint with optimizer state is ~100 GB), validation every
             # 10 steps and before training, resumed from the latest checkpoint of the directory when there is one
