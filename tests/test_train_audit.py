@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from case_env.core import registry
 from case_env.core.bank import write
 from case_env.envs.clinic.bank import build as build_clinic
 from case_env.envs.clinic.noise import NoiseConfig
@@ -113,8 +114,8 @@ def test_b4_a_judged_recipe_without_a_judge_is_refused_or_said_rule_graded(bank,
 
         llm.default_judge.cache_clear()
         run = grpo.prepare(["--model", "m", "--data", str(bank), "--recipe", "case", "--batch-size", "48"])
-        assert checks.judge(run.env_object, run.plan.env_vars, live=False).status == checks.SKIPPED
-        live = checks.judge(run.env_object, run.plan.env_vars, live=True)
+        assert checks.judge(registry.get(run.envs[0]), run.plan.env_vars, live=False).status == checks.SKIPPED
+        live = checks.judge(registry.get(run.envs[0]), run.plan.env_vars, live=True)
         llm.default_judge.cache_clear()
     assert live.status == checks.PASS and url in live.detail
 

@@ -257,3 +257,39 @@ def test_8_each_step_logs_the_rewards_keys_as_means(bank):
         "reward/infra_error/mean": 0.5,
         "reward/judge_fallback/mean": 1.0,
     }
+
+
+def _mixed(folder: Path, *banks: Path) -> Path:
+    """One bank of the rows of several: each split the concatenation of theirs."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder.mkdir()
+    for split in ("train", "val"):
+        tables = [pq.read_table(b / f"{split}.parquet") for b in banks if (b / f"{split}.parquet").is_file()]
+        pq.write_table(pa.concat_tables(tables), folder / f"{split}.parquet")
+    return folder
+
+
+def test_environments_mix_in_one_run_when_their_turn_limits_agree(bank, clinic_bank, qwen3, tmp_path):
+    """A bank of imaging and case-reasoning rows: one tool YAML of both environments' tools (verl offers each
+    row its own by `tool_selection`), one row of each data source played through verl's loop by the chat
+    template check; a bank mixing the clinic (MedExAgent's 20 assistant / 15 user turns) with the imaging
+    environment (8 / 8) is refused with the reason, since verl's turn limits are one per run."""
+    from tests.test_casereason import case_bank
+
+    reasoning = case_bank(tmp_path / "casereason", 6)
+    (reasoning / "val.parquet").unlink(missing_ok=True)
+    mixed = _mixed(tmp_path / "mixed", bank, reasoning)
+    run, found = dry("--model", str(qwen3), "--data", str(mixed))
+    assert run.envs == ["casereason", "imaging"]
+    tools = {
+        t.name for t in load_all_tools(tool_config_path=str(run.args.tool_config), function_tool_path=None)
+    }
+    assert {"render_slice", "submit_diagnosis"} <= tools
+    template = found["chat template"]
+    assert template.status == checks.PASS and "data sources" in template.detail
+    with pytest.raises(launch.RunRefusedError, match="train each environment on its own bank") as refused:
+        dry("--model", "m", "--data", str(_mixed(tmp_path / "clinic-imaging", bank, clinic_bank)))
+    assert "clinic: 20 assistant turns, 15 user turns" in str(refused.value)
+    assert "imaging: 8 assistant turns, 8 user turns, 2048 tool-text characters" in str(refused.value)

@@ -216,25 +216,39 @@ def prompt_lengths(config: Any, measured: Measured | None) -> Check:
     )
 
 
-def served_tools(url: str, token: str | None, env: str, schemas: list[dict]) -> Check:
+def worst(found: list[Check]) -> Check:
+    """One check of several alike (one per environment of a bank): the first that failed, else the first
+    not verified or skipped, else the first."""
+    for status in (FAIL, UNVERIFIED, SKIPPED):
+        for check in found:
+            if check.status == status:
+                return check
+    return found[0]
+
+
+def served_tools(url: str, token: str | None, envs: list[str], schemas: list[dict]) -> Check:
     """The running server serves the bank's tools with the YAML's schemas."""
     name = "served tools"
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    try:
-        health = httpx.get(f"{url}/healthz", timeout=5)
-        reply = httpx.get(f"{url}/v1/tools", params={"env": env}, headers=headers, timeout=10)
-    except httpx.HTTPError as exc:
-        return Check(
-            name, FAIL, f"no case-env server answers at {url} ({type(exc).__name__})", "case-env serve"
-        )
-    if health.status_code != 200 or reply.status_code != 200:
-        return Check(
-            name,
-            FAIL,
-            f"{url} answers /healthz {health.status_code}, /v1/tools {reply.status_code}",
-            "set CASE_ENV_TOKEN (or --token-file) to the server's token" if reply.status_code == 401 else "",
-        )
-    served = {t["name"]: t["schema"] for t in reply.json()["tools"]}
+    served = {}
+    for env in envs:
+        try:
+            health = httpx.get(f"{url}/healthz", timeout=5)
+            reply = httpx.get(f"{url}/v1/tools", params={"env": env}, headers=headers, timeout=10)
+        except httpx.HTTPError as exc:
+            return Check(
+                name, FAIL, f"no case-env server answers at {url} ({type(exc).__name__})", "case-env serve"
+            )
+        if health.status_code != 200 or reply.status_code != 200:
+            return Check(
+                name,
+                FAIL,
+                f"{url} answers /healthz {health.status_code}, /v1/tools?env={env} {reply.status_code}",
+                "set CASE_ENV_TOKEN (or --token-file) to the server's token"
+                if reply.status_code == 401
+                else "",
+            )
+        served.update({t["name"]: t["schema"] for t in reply.json()["tools"]})
     expected = {s["function"]["name"]: s for s in schemas}
     missing = sorted(set(expected) - set(served))
     differ = sorted(n for n in set(expected) & set(served) if _schema(served[n]) != _schema(expected[n]))
@@ -250,7 +264,9 @@ def served_tools(url: str, token: str | None, env: str, schemas: list[dict]) -> 
             "run the server of the case-env version that wrote the bank, or rebuild the YAML (case-env verl-config)",
         )
     return Check(
-        name, PASS, f"{url} serves the {len(expected)} tools of the {env} YAML with the same schemas"
+        name,
+        PASS,
+        f"{url} serves the {len(expected)} tools of the {' and '.join(envs)} YAML with the same schemas",
     )
 
 

@@ -33,7 +33,7 @@ import httpx
 import case_env.reward
 from case_env.core import registry
 from case_env.core.bank import bank_sources, split_file
-from case_env.core.parts import AgentLoops, Judged
+from case_env.core.parts import AgentLoops, Judged, Recipes
 from case_env.reward import score_deadline_s
 from case_env.server.control import is_loopback
 from case_env.verl import steps
@@ -41,6 +41,11 @@ from case_env.verl.config import write
 from case_env.verl.options import TEMPLATE_CHOICES, recipes
 
 BASE_VALUES = {"data.max_prompt_length": "6144"}  # what other settings are derived from
+BASE_TURNS = {  # ours: the turns a question of the imaging bank needs, and tool text cut at 2048 characters
+    "actor_rollout_ref.rollout.multi_turn.max_assistant_turns": "8",
+    "actor_rollout_ref.rollout.multi_turn.max_user_turns": "8",
+    "actor_rollout_ref.rollout.multi_turn.max_tool_response_length": "2048",
+}
 MANAGER = "case_env.verl.distill.PrivilegedAgentLoops"
 # What the teacher's prompt may hold beyond the student's (tokens): an insight past it falls back to the
 # plain prompt (distill.py). Ours: the insights of our banks are tens to a few hundred tokens.
@@ -123,10 +128,8 @@ class Plan:
             "actor_rollout_ref.rollout.multi_turn.enable=True",
             f"actor_rollout_ref.rollout.multi_turn.tool_config_path={args.tool_config.resolve()}",
             f"actor_rollout_ref.rollout.multi_turn.format={args.format}",
-            "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=8",
-            "actor_rollout_ref.rollout.multi_turn.max_user_turns=8",
+            *(f"{key}={value}" for key, value in BASE_TURNS.items()),
             f"actor_rollout_ref.rollout.multi_turn.max_parallel_calls={PARALLEL_CALLS}",
-            "actor_rollout_ref.rollout.multi_turn.max_tool_response_length=2048",
             "actor_rollout_ref.rollout.agent.num_workers=8",
             "actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent",
             *agent_loop_overrides(data, args.tool_config.resolve().parent, args.max_failed_rollouts),
@@ -189,8 +192,8 @@ class Plan:
 
     def judged(self) -> bool:
         """The bank's rewards ask a judge and the workers are told where it is."""
-        env = registry.get(bank_env(self.args.data.resolve()))
-        asks = isinstance(env, Judged) and env.asks_judge(self.env_vars)
+        envs = map(registry.get, bank_envs(self.args.data.resolve()))
+        asks = any(isinstance(env, Judged) and env.asks_judge(self.env_vars) for env in envs)
         return asks and bool(self.env_vars.get("CASE_ENV_JUDGE_URL"))
 
     def _reward_manager(self) -> list[str]:
@@ -306,27 +309,62 @@ def check_inputs(args: SimpleNamespace) -> list[str]:
     return problems
 
 
-def bank_env(data: Path) -> str:
-    envs = {
-        registry.for_row(source, {"env": env} if env else None).name
-        for env, source in bank_sources(data / "train.parquet")
-    }
-    if len(envs) != 1:
-        raise RunRefusedError(
-            [f"{data / 'train.parquet'} holds rows of {len(envs)} environments; a run needs one"]
-        )
-    return envs.pop()
+def bank_envs(data: Path) -> list[str]:
+    """The environments of a bank's training rows, by name; a bank of several is refused when their rows
+    would need different turn limits or tool-text lengths (`mix_problems`)."""
+    envs = sorted(
+        {
+            registry.for_row(source, {"env": env} if env else None).name
+            for env, source in bank_sources(data / "train.parquet")
+        }
+    )
+    problems = mix_problems(envs)
+    if problems:
+        raise RunRefusedError(problems)
+    return envs
+
+
+TURN_KEYS = {  # verl's multi_turn settings, one per run: what a bank's environments must agree on
+    "actor_rollout_ref.rollout.multi_turn.max_assistant_turns": "assistant turns",
+    "actor_rollout_ref.rollout.multi_turn.max_user_turns": "user turns",
+    "actor_rollout_ref.rollout.multi_turn.max_tool_response_length": "tool-text characters",
+}
+
+
+def turn_limits(name: str) -> dict[str, str]:
+    """The turn limits and tool-text length an environment's rows are built for: those its own recipes set
+    (the clinic's, MedExAgent's), else the launcher's base values."""
+    env = registry.get(name)
+    limits = dict(BASE_TURNS)
+    for recipe in env.recipes.values() if isinstance(env, Recipes) else ():
+        limits.update({k: v for k, v in recipe.overrides.items() if k in TURN_KEYS})
+    return limits
+
+
+def mix_problems(envs: list[str]) -> list[str]:
+    """Why a bank of these environments cannot be one run: verl's turn limits and tool-text length are one
+    per run, so environments built for different ones would each be played by the other's."""
+    limits = {name: turn_limits(name) for name in envs}
+    if len({tuple(sorted(v.items())) for v in limits.values()}) <= 1:
+        return []
+    each = "; ".join(
+        f"{name}: " + ", ".join(f"{limits[name][k]} {what}" for k, what in TURN_KEYS.items()) for name in envs
+    )
+    return [
+        f"the bank mixes environments built for different turn limits ({each}), and verl's are one per run: "
+        "train each environment on its own bank"
+    ]
 
 
 def agent_loop_overrides(data: Path, folder: Path, max_failed_rollouts: float) -> list[str]:
     """The agent loops verl registers in every AgentLoopWorker (`rollout.agent.agent_loop_config_path`), listed
     in a file in `folder` (where the tool YAML went: beside the bank, or a dry run's temporary copy): case-env's
-    `tool_agent` (`case_env.verl.loop`) in place of verl's, and the bank's environment's own (`AgentLoops`);
+    `tool_agent` (`case_env.verl.loop`) in place of verl's, and the bank's environments' own (`AgentLoops`);
     rows choose by `agent_name`."""
-    env = registry.get(bank_env(data))
     loops = {"tool_agent": "case_env.verl.loop.CaseToolAgentLoop"}
-    if isinstance(env, AgentLoops):
-        loops.update(env.agent_loops)
+    for env in map(registry.get, bank_envs(data)):
+        if isinstance(env, AgentLoops):
+            loops.update(env.agent_loops)
     path = folder / "verl_agent_loops.yaml"
     path.write_text(
         "".join(
@@ -338,13 +376,13 @@ def agent_loop_overrides(data: Path, folder: Path, max_failed_rollouts: float) -
 
 
 def bank_tool_config(data: Path, dry_run: bool = False) -> Path:
-    """The tool YAML of the bank's environment, written beside the bank (always equal to its tools); a dry
+    """The tool YAML of the bank's environments, written beside the bank (always equal to their tools); a dry
     run writes nothing there, so it composes with a copy in a temporary directory."""
     folder = data
     if dry_run:
         folder = Path(tempfile.mkdtemp(prefix="case-env-dry-run-"))
         atexit.register(shutil.rmtree, folder, True)
-    return write(registry.get(bank_env(data)), folder / "verl_tools.yaml")
+    return write([registry.get(name) for name in bank_envs(data)], folder / "verl_tools.yaml")
 
 
 def concurrency(args: SimpleNamespace) -> int:

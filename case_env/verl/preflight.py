@@ -45,8 +45,7 @@ class Preflight:
     def compose(self) -> Any:
         """Load the model's files when they are here, choose the chat template, compose and validate."""
         args = self.args
-        self.env = launch.bank_env(args.data.resolve())
-        self.env_object = registry.get(self.env)
+        self.envs = launch.bank_envs(args.data.resolve())
         directory = model_files.local_model_dir(args.model)
         self.files = model_files.load(directory) if directory is not None else None
         with checks.quiet():
@@ -150,7 +149,7 @@ class Preflight:
         token = launch.token(args)
         reports = None
         if live:
-            results.append(checks.served_tools(args.server_url, token, self.env, self.schemas))
+            results.append(checks.served_tools(args.server_url, token, self.envs, self.schemas))
             reports = self._probe()
         else:
             results.append(Check("served tools", checks.SKIPPED, "a dry run starts and asks no server"))
@@ -163,7 +162,11 @@ class Preflight:
         results.append(checks.gpus(reports, args.gpus, args.nodes))
         results.append(checks.episode_ids(config))
         results.append(checks.distillation(config, self.datasets["train"]))
-        results.append(checks.judge(self.env_object, plan.env_vars, live, args.nodes))
+        results.append(
+            checks.worst(
+                [checks.judge(registry.get(env), plan.env_vars, live, args.nodes) for env in self.envs]
+            )
+        )
         self.results = results
         return results
 
