@@ -236,11 +236,10 @@ ray.shutdown()
 """
 
 
-def test_opsd_workers_on_two_nodes_send_the_teacher_each_rows_privileged_prompt(
-    cluster, bank, exposed_server, checkpoint
-):
+def on_cluster(script: str, *argv: str) -> dict:
+    """`script` run as a driver of the cluster's job; the JSON line it prints last."""
     done = subprocess.run(
-        [sys.executable, "-c", _OPSD, cluster.address, exposed_server, TOKEN, str(bank), str(checkpoint)],
+        [sys.executable, "-c", script, *argv],
         capture_output=True,
         text=True,
         timeout=900,
@@ -248,7 +247,13 @@ def test_opsd_workers_on_two_nodes_send_the_teacher_each_rows_privileged_prompt(
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(next(line for line in reversed(done.stdout.splitlines()) if line.startswith("{")))
+    return json.loads(next(line for line in reversed(done.stdout.splitlines()) if line.startswith("{")))
+
+
+def test_opsd_workers_on_two_nodes_send_the_teacher_each_rows_privileged_prompt(
+    cluster, bank, exposed_server, checkpoint
+):
+    result = on_cluster(_OPSD, cluster.address, exposed_server, TOKEN, str(bank), str(checkpoint))
     assert result["rows"] == result["sent"] == result["privileged"] == result["insights"] == 4
     assert result["nodes"] == 2  # one worker on each node, each asked the teacher
     assert result["aligned"] == [True] * 4 and result["workers"] == "AgentLoopManager"
@@ -280,14 +285,5 @@ ray.shutdown()
 
 
 def test_the_trainer_that_logs_the_rewards_keys_is_known_to_every_worker_of_the_job(cluster, bank):
-    done = subprocess.run(
-        [sys.executable, "-c", _TRAINER, cluster.address, str(bank)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(next(line for line in reversed(done.stdout.splitlines()) if line.startswith("{")))
+    result = on_cluster(_TRAINER, cluster.address, str(bank))
     assert result["found"] == [[True, True]] * 4 and result["nodes"] == 2

@@ -347,7 +347,8 @@ async def _admitted(
         )
         return Outcome.failure(ErrorCode.NOT_AVAILABLE, message, binding=wanted)
     episode = env.episode_context(sent, calls) if sent is not None else None
-    return await _run(state, wanted, env, spec, episode, body, started)
+    # the answer recorded under the binding as a copy: answers are shared between episodes
+    return replace(await _answer(state, wanted.env, env, spec, episode, body, started), binding=wanted)
 
 
 def _refusal(bound: Binding, wanted: Binding) -> Outcome | None:
@@ -390,19 +391,6 @@ def _context(env: Environment, context: dict | None) -> tuple[BaseModel | None, 
 
 def _a(word: str) -> str:
     return f"an {word}" if word[:1] in "aeiou" else f"a {word}"
-
-
-async def _run(
-    state: ServerState,
-    binding: Binding,
-    env: Environment,
-    spec: ToolSpec,
-    episode: BaseModel | None,
-    body: ToolCallRequest,
-    started: float,
-) -> Outcome:
-    """The call answered, to be recorded under `binding` (a copy: answers are shared between episodes)."""
-    return replace(await _answer(state, binding.env, env, spec, episode, body, started), binding=binding)
 
 
 async def _answer(
