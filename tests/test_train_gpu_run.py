@@ -257,6 +257,9 @@ def test_8_each_step_logs_the_rewards_keys_as_means(bank):
         "reward/infra_error/mean": 0.5,
         "reward/judge_fallback/mean": 1.0,
     }
+    # item 2: a step of 2 prompts x 4 samples that holds these 4 trajectories lost 4 to loops that raised
+    assert steps.step_metrics(trajectories, 8)["rollouts/dropped"] == 4.0
+    assert steps.step_metrics(trajectories, 4)["rollouts/dropped"] == 0.0
 
 
 def _mixed(folder: Path, *banks: Path) -> Path:

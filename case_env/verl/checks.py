@@ -440,8 +440,9 @@ def logged(config: Any) -> Check:
     return Check(
         name,
         PASS,
-        f"each step: the reward (critic/score/mean) and its keys as reward/<key>/mean ({keys}), lengths, turns, "
-        f"the actor's loss and KL; {validation}; rollouts the infrastructure failed are masked out, and past "
+        f"each step: the reward (critic/score/mean) and its keys as reward/<key>/mean ({keys}), the "
+        f"trajectories dropped for a loop that raised (rollouts/dropped), lengths, turns, the actor's loss and KL; "
+        f"{validation}; rollouts the infrastructure failed are masked out, and past "
         "--max-failed-rollouts the run stops",
     )
 

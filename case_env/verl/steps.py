@@ -1,6 +1,6 @@
 """What a training step logs beyond verl's own: the reward's numeric keys (`acc`, `format_ok`,
 `judge_fallback`, `infra_error`, `calls_dropped`, an environment's own), averaged over the step's trajectories
-as `reward/<key>/mean`.
+as `reward/<key>/mean`, and the trajectories verl dropped because their loop raised (`rollouts/dropped`).
 
 verl 0.9.1's V1 trainer logs a training step's reward score and none of the reward's other keys
 (`PPOTrainer._compute_metrics`, trainer/ppo/v1/trainer_base.py); they reached the log only at validation,
@@ -35,10 +35,20 @@ def means(extra_fields: list[Any]) -> dict[str, float]:
     return {f"reward/{key}/mean": sums[key] / counts[key] for key in sorted(sums)}
 
 
+def step_metrics(extra_fields: list[Any], expected: int) -> dict[str, float]:
+    """The step's reward means and `rollouts/dropped`: the trajectories a step should have had (prompts x
+    samples) less those it has. verl's V1 trainer drops a trajectory whose loop raised and pads the batch in
+    its place (`is_padding`, not counted here)."""
+    return {**means(extra_fields), "rollouts/dropped": float(max(0, expected - len(extra_fields)))}
+
+
 def setup() -> None:
     """Register the trainer mode `case_env` in this process (once)."""
     from verl.trainer.ppo.v1 import PPOTrainerSync, register_trainer
-    from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY
+    from verl.trainer.ppo.v1.trainer_base import (
+        TRAINER_REGISTRY,
+        tq,  # the TransferQueue client verl's trainer reads
+    )
 
     if MODE in TRAINER_REGISTRY:
         return
@@ -49,11 +59,12 @@ def setup() -> None:
 
         def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):
             super()._compute_metrics(batch, metrics, timing_raw, global_steps, epoch)
-            import transfer_queue as tq
-
             data = tq.kv_batch_get(
                 keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields"]
             )
             real = [not tag.get("is_padding", False) for tag in batch.tags]
             fields = [f for f, keep in zip(data.pop("extra_fields").tolist(), real, strict=True) if keep]
-            metrics.update(means(fields))
+            config = self.config
+            metrics.update(
+                step_metrics(fields, config.data.train_batch_size * config.actor_rollout_ref.rollout.n)
+            )
