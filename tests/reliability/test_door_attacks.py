@@ -210,6 +210,13 @@ def test_the_document_says_what_the_doors_answer(server):  # noqa: F811
     assert splits.status_code == 404
     for path in ("/mcp/imaging/x", "/mcp/imaging//", "/mcp/imaging"):
         assert httpx.post(f"{server.url}{path}", json={}, headers=AUTH, timeout=30).status_code == 404, path
+    # a schema-valid attempt budget, written as JSON Schema allows an integer (2.0), is scored, not refused
+    extra = {"env": "casereason", "casereason": {"attempts": 2.0}}
+    score = {"data_source": "casereason", "solution_str": "<answer>flu</answer>", "ground_truth": "flu"}
+    scored = httpx.post(
+        f"{server.url}/v1/score", json={**score, "extra_info": extra}, headers=AUTH, timeout=30
+    )
+    assert scored.status_code == 200 and scored.json()["env"] == "casereason", scored.text
 
 
 def door_server(dataset, bank, tmp_path, **settings) -> ServerProcess:
