@@ -3,7 +3,8 @@
 One function serves verl, the server (`POST /v1/score`) and eval: it routes the row to its environment
 (`extra_info.env`, else the environment claiming its data source) and returns that environment's reward as
 a flat dict, the common keys `score, acc, pred, format_ok` first. Every row of one environment gets the
-same keys, as verl's reward manager requires; one verl batch should hold rows of one environment.
+same keys; verl's V1 trainer takes rows of several environments with different keys (its legacy trainer
+does not: a mixed bank is refused there).
 """
 
 from __future__ import annotations

@@ -292,6 +292,8 @@ def test_environments_mix_in_one_run_when_their_turn_limits_agree(bank, clinic_b
     assert {"render_slice", "submit_diagnosis"} <= tools
     template = found["chat template"]
     assert template.status == checks.PASS and "data sources" in template.detail
+    with pytest.raises(launch.RunRefusedError, match="needs verl's V1 trainer"):
+        dry("--model", "m", "--data", str(mixed), "trainer.use_v1=False")
     with pytest.raises(launch.RunRefusedError, match="train each environment on its own bank") as refused:
         dry("--model", "m", "--data", str(_mixed(tmp_path / "clinic-imaging", bank, clinic_bank)))
     assert "clinic: 20 assistant turns, 15 user turns" in str(refused.value)

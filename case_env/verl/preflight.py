@@ -61,6 +61,14 @@ class Preflight:
             # processor") and its trainer drops the trajectory, so the tools answer it in text
             self.plan.env_vars[images] = "false"
         self.config = launch.compose(self.plan.overrides())
+        if len(self.envs) > 1 and not self.config.trainer.use_v1:
+            raise launch.RunRefusedError(
+                [
+                    f"a bank of several environments ({', '.join(self.envs)}) needs verl's V1 trainer "
+                    "(trainer.use_v1=True, its default): the legacy one reads every row's reward keys from the "
+                    "batch's first row"
+                ]
+            )
         self._choose_template()
         if self.plan.chat_template is not None:
             self.config = launch.compose(self.plan.overrides())
