@@ -41,7 +41,7 @@ from case_env.verl.config import write
 from case_env.verl.options import TEMPLATE_CHOICES, recipes
 
 BASE_VALUES = {"data.max_prompt_length": "6144"}  # what other settings are derived from
-BASE_TURNS = {  # ours: the turns a question of the imaging bank needs, and tool text cut at 2048 characters
+BASE_TURNS = {  # ours: the turns a bank's question needs at most, and tool text cut at 2048 characters
     "actor_rollout_ref.rollout.multi_turn.max_assistant_turns": "8",
     "actor_rollout_ref.rollout.multi_turn.max_user_turns": "8",
     "actor_rollout_ref.rollout.multi_turn.max_tool_response_length": "2048",
@@ -333,7 +333,7 @@ TURN_KEYS = {  # verl's multi_turn settings, one per run: what a bank's environm
 
 def turn_limits(name: str) -> dict[str, str]:
     """The turn limits and tool-text length an environment's rows are built for: those its own recipes set
-    (the clinic's, MedExAgent's), else the launcher's base values."""
+    (a published system's, say), else the launcher's base values."""
     env = registry.get(name)
     limits = dict(BASE_TURNS)
     for recipe in env.recipes.values() if isinstance(env, Recipes) else ():
