@@ -231,9 +231,11 @@ def served_tools(url: str, token: str | None, envs: list[str], schemas: list[dic
     name = "served tools"
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     served = {}
+    health = None
     for env in envs:
         try:
-            health = httpx.get(f"{url}/healthz", timeout=5)
+            if health is None:  # once: the server's health, not an environment's
+                health = httpx.get(f"{url}/healthz", timeout=5)
             reply = httpx.get(f"{url}/v1/tools", params={"env": env}, headers=headers, timeout=10)
         except httpx.HTTPError as exc:
             return Check(
@@ -399,7 +401,7 @@ def _dividing(config: Any, world: int) -> list[str]:
     ratio = batch // max(1, int(config.actor_rollout_ref.actor.ppo_mini_batch_size))  # updates per step
     nodes = int(config.trainer.nnodes)
     near = sorted(
-        (b for b in range(ratio, 4 * batch + 1, ratio) if b % ratio == 0 and unpadded(b, n, ratio, world)),
+        (b for b in range(ratio, 4 * batch + 1, ratio) if unpadded(b, n, ratio, world)),
         key=lambda b: abs(b - batch),
     )
     found = [f"--batch-size {b}" for b in sorted(near[:2])]
