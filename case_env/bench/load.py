@@ -2,14 +2,12 @@
 
 Each virtual rollout plays episodes one after another over a random case with a fresh episode id, as a verl
 rollout does, an episode's calls drawn from one of the environment's mixes (`Benchmarks.bench_mixes`). With
-`--group-size G`, groups of G rollouts share the case and every drawn argument, as the samples of one GRPO
+`group_size` G, groups of G rollouts share the case and every drawn argument, as the samples of one GRPO
 prompt would if they agreed on every call. All rollouts share one event loop and one aiohttp pool, a keep-alive
 connection each (`bench.doors`), and the generator reports its own CPU per call. Latencies are wall time
-per call as the client sees it, queueing included. `--protocol` chooses the way in (`bench.doors`: the tool
-API, OpenEnv's `POST /step`, case-env's OpenEnv and MCP doors); `--record DIR` keeps each tool's first answer,
-the bytes the floor baseline replays.
-
-    python -m case_env.bench.load URL CASES_FILE OUT_JSON --env ENV --mix MIX --rollouts N --duration S
+per call as the client sees it, queueing included. `protocol` chooses the way in (`bench.doors`: the tool
+API, OpenEnv's `POST /step`, case-env's OpenEnv and MCP doors); `record` keeps each tool's first answer,
+the bytes the floor baseline replays. A benchmark keeps one such process (`LoadProcess`) for all its runs.
 """
 
 from __future__ import annotations
@@ -18,18 +16,17 @@ import asyncio
 import json
 import random
 import statistics
+import subprocess
+import sys
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Annotated, Literal
 
-import typer
 import uvloop
 
 from case_env.bench import doors as ways
-from case_env.bench.doors import PROTOCOLS, Door
+from case_env.bench.doors import Door
 from case_env.core import registry
-from case_env.core.commands import run
 from case_env.core.parts import Benchmarks, Plan
 
 
@@ -179,49 +176,63 @@ def summarise(tally: Tally, rollouts: int, elapsed: float) -> dict:
     }
 
 
-def main(
-    url: Annotated[str, typer.Argument(help="The server's base URL.")],
-    case_ids: Annotated[Path, typer.Argument(help="File with one case id per line.")],
-    out: Annotated[Path, typer.Argument(help="JSON file for the figures.")],
-    rollouts: Annotated[int, typer.Option(help="Rollouts in flight.")] = 256,
-    duration: Annotated[float, typer.Option(help="Seconds measured.")] = 20.0,
-    warmup: Annotated[float, typer.Option(help="Seconds played before measuring.")] = 3.0,
-    seed: Annotated[int, typer.Option(help="Seed of the cases and calls drawn.")] = 0,
-    think_ms: Annotated[float, typer.Option(help="Mean think time before each call.")] = 0.0,
-    episodes: Annotated[
-        int | None, typer.Option(help="Stop each rollout after this many episodes [default: no limit].")
-    ] = None,
-    group_size: Annotated[int, typer.Option(help="Rollouts that share case and calls.")] = 1,
-    env: Annotated[
-        str | None, typer.Option(help="The environment whose mix is played [default: the default one].")
-    ] = None,
-    mix: Annotated[str, typer.Option(help="Which of the environment's mixes an episode plays.")] = "episode",
-    protocol: Annotated[Literal[PROTOCOLS], typer.Option(help="The server's wire format.")] = "case-env",
-    record: Annotated[
-        Path | None, typer.Option(help="Keep each tool's first answer here [default: not kept].")
-    ] = None,
-) -> None:
-    """One load run against a server: figures as JSON in `out`."""
-    ids = [line.strip() for line in case_ids.read_text().splitlines() if line.strip()]
-    result = uvloop.run(  # uvloop, as uvicorn runs the servers: a quarter less client CPU per call
-        run_load(
-            url,
-            ids,
-            rollouts,
-            duration,
-            warmup,
-            seed,
-            think_ms / 1000,
-            episodes,
-            group_size,
-            mix,
-            protocol,
-            record,
-            env,
-        )
-    )
-    out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+def serve_jobs() -> None:
+    """Loads one after another: each a JSON line of `run_load`'s arguments on stdin, its figures one JSON
+    line on stdout (`{"error": ...}` when it failed)."""
+    for line in sys.stdin:
+        job = json.loads(line)
+        if job.get("record"):
+            job["record"] = Path(job["record"])
+        try:
+            # uvloop, as uvicorn runs the servers: a quarter less client CPU per call
+            answer = uvloop.run(run_load(**job))
+        except Exception as exc:  # the benchmark reports it; this process waits for the next job
+            answer = {"error": f"{type(exc).__name__}: {exc}"}
+        sys.stdout.write(json.dumps(answer) + "\n")
+        sys.stdout.flush()
+
+
+class LoadProcess:
+    """The benchmark's one load-generator process, fed a job per run. A process per run spent about 1 s in
+    interpreter start-up and imports each: 100 s of a full `case-env bench server`'s 95 runs."""
+
+    def __init__(self, log: Path):
+        self.log = log
+        self.process: subprocess.Popen | None = None
+
+    def __enter__(self) -> LoadProcess:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with self.log.open("w") as errors:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "case_env.bench.load"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=errors,
+                text=True,
+            )
+        return self
+
+    def run(self, url: str, case_ids: list[str], **job) -> dict:
+        """`run_load(url, case_ids, **job)` in the load process; its figures."""
+        assert self.process is not None and self.process.stdin and self.process.stdout
+        self.process.stdin.write(json.dumps({"url": url, "case_ids": case_ids, **job}, default=str) + "\n")
+        self.process.stdin.flush()
+        line = self.process.stdout.readline()
+        answer = json.loads(line) if line else {"error": self.log.read_text()[-2000:] or "it exited"}
+        if "error" in answer:
+            raise RuntimeError(f"load generator failed: {answer['error']}")
+        return answer
+
+    def __exit__(self, *exc: object) -> None:
+        assert self.process is not None
+        if self.process.stdin:
+            self.process.stdin.close()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
 
 
 if __name__ == "__main__":
-    run(main)
+    serve_jobs()

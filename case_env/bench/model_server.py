@@ -20,8 +20,6 @@ import math
 import os
 import re
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -30,6 +28,7 @@ from typing import Any
 import httpx
 
 from case_env.bench import doors as ways
+from case_env.bench.load import LoadProcess
 from case_env.bench.process import ServerProcess
 from case_env.bench.standin import StandInProcess
 from case_env.core.llm import DEFAULT_CONCURRENCY
@@ -68,24 +67,24 @@ def run_model_bench(
     scratch.mkdir(parents=True, exist_ok=True)
     settings = bench.cases(scratch)
     loaded = env.load_cases([Path(settings[cases_variable(env.name)])])
-    ids = scratch / "cases.txt"
-    ids.write_text("\n".join(case.case_id for case in loaded.cases) + "\n")
+    ids = [case.case_id for case in loaded.cases]
     runs = []
-    for n in range(options.runs):
-        run: dict[str, Any] = {"calls": {}}
-        for latency in latencies:
-            echo(
-                f"run {n + 1}: {options.rollouts} rollouts, the model at {latency:g} ms, failing {failure:.0%}"
-            )
-            run["calls"][f"{latency:g}"] = _calls(
-                env.name, bench, options, settings, ids, latency, failure, n
-            )
-            echo("  " + _calls_line(run["calls"][f"{latency:g}"]))
-        run["burst"] = _burst(bench, options, settings, [c.case_id for c in loaded.cases], n)
-        echo("  " + _burst_line(run["burst"]))
-        run["rewards"] = _rewards(bench, options.rewards or REWARDS, judge_ms, failure, n)
-        echo("  " + _rewards_line(run["rewards"]))
-        runs.append(run)
+    with LoadProcess(scratch / "load.log") as loads:
+        for n in range(options.runs):
+            run: dict[str, Any] = {"calls": {}}
+            for latency in latencies:
+                echo(
+                    f"run {n + 1}: {options.rollouts} rollouts, the model at {latency:g} ms, failing {failure:.0%}"
+                )
+                run["calls"][f"{latency:g}"] = _calls(
+                    env.name, bench, options, settings, loads, ids, latency, failure, n
+                )
+                echo("  " + _calls_line(run["calls"][f"{latency:g}"]))
+            run["burst"] = _burst(bench, options, settings, ids, n)
+            echo("  " + _burst_line(run["burst"]))
+            run["rewards"] = _rewards(bench, options.rewards or REWARDS, judge_ms, failure, n)
+            echo("  " + _rewards_line(run["rewards"]))
+            runs.append(run)
     result = {
         "benchmark": "server",
         "env": env.name,
@@ -120,35 +119,19 @@ def _served(
             yield model, server
 
 
-def _calls(name, bench, options, settings, ids, latency, failure, n) -> dict:
+def _calls(name, bench, options, settings, loads, ids, latency, failure, n) -> dict:
     with _served(bench, options, settings, latency, failure, n) as (model, server):
-        result = options.out / "scratch" / "load.json"
-        command = [
-            sys.executable,
-            "-m",
-            "case_env.bench.load",
+        figures = loads.run(
             server.url,
-            str(ids),
-            str(result),
-            "--env",
-            name,
-            "--mix",
-            "episode",
-            "--rollouts",
-            str(options.rollouts),
-            "--duration",
-            str(options.duration),
-            "--warmup",
-            str(options.warmup),
-            "--seed",
-            str(n),
-            "--think-ms",
-            str(options.think_ms),
-            "--group-size",
-            str(options.group_size),
-        ]
-        subprocess.run(command, check=True)
-        figures = json.loads(result.read_text())
+            ids,
+            env=name,
+            rollouts=options.rollouts,
+            duration=options.duration,
+            warmup=options.warmup,
+            seed=n,
+            think_s=options.think_ms / 1000,
+            group_size=options.group_size,
+        )
         figures["fallbacks"] = _fallbacks(server.url)
         figures["model"] = model.stats()
     figures["latency_ms_model"] = latency

@@ -101,7 +101,7 @@ def test_fuzz(dataset, tmp_path, figures):
         schema = schemathesis.openapi.from_url(f"{live.url}/openapi.json", config=config, headers=GOOD)
         operations = [result.ok() for result in schema.get_all_operations()]
         # examples per operation and mode; parameterless GETs yield only a few
-        fuzzer = Fuzzer(live.url, live.state.case_ids(), sorted(live.state.tools), size(ci=30, full=200))
+        fuzzer = Fuzzer(live.url, live.state.case_ids(), sorted(live.state.tools), size(ci=15, full=200))
         for operation in operations:
             for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
                 fuzzer.run(operation, mode)

@@ -20,7 +20,6 @@ import json
 import os
 import random
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,6 +30,7 @@ from pathlib import Path
 import httpx
 import psutil
 
+from case_env.bench.load import LoadProcess
 from case_env.bench.measure import Sampler, merged_turns, page_in
 from case_env.bench.process import RedisServer, ServerProcess, free_port
 from case_env.core.parts import ServerBenchOptions
@@ -156,8 +156,9 @@ class Bench:
     """Where and how a benchmark's runs are made: the data, the scratch directory, the load, the workers."""
 
     data_root: Path
-    patients_file: Path
+    cases: list[str]
     scratch: Path
+    loads: LoadProcess
     load: Load
     workers: int
     cache_mb: int | None = None
@@ -184,8 +185,20 @@ class Bench:
     ) -> dict:
         """The load generator on `url` with `setup`'s mix, its result kept as `name`.json."""
         progress(f"{setup.engine}{setup.label} ({setup.mix} mix, {name}): {load.warmup + load.duration:g} s")
-        out = self.scratch / f"{name}-{setup.tag}.json"
-        return _load(url, self.patients_file, out, load, setup.mix, _protocol(setup), record, episodes)
+        return self.loads.run(
+            url,
+            self.cases,
+            rollouts=load.rollouts,
+            duration=load.duration,
+            warmup=load.warmup,
+            think_s=load.think_ms / 1000,
+            episodes=episodes,
+            group_size=load.group_size,
+            mix=setup.mix,
+            protocol=_protocol(setup),
+            record=record,
+            env="imaging",
+        )
 
 
 def run_engine(bench: Bench, setup: Setup, record: Path | None = None) -> dict:
@@ -292,32 +305,6 @@ def _figures(setup: Setup, result: dict, cpu: float, sampler: Sampler, workers: 
 
 
 PROBE = Load(1, PROBE_LIMIT_S, 0.0)
-
-
-def _load(
-    url: str,
-    patients_file: Path,
-    out: Path,
-    load: Load,
-    mix: str,
-    protocol: str,
-    record: Path | None,
-    episodes: int | None = None,
-) -> dict:
-    command = [
-        *(sys.executable, "-m", "case_env.bench.load", url, str(patients_file), str(out), "--env", "imaging"),
-        *("--rollouts", str(load.rollouts), "--duration", str(load.duration), "--warmup", str(load.warmup)),
-        *("--think-ms", str(load.think_ms), "--group-size", str(load.group_size)),
-        *("--mix", mix, "--protocol", protocol),
-    ]
-    if episodes is not None:
-        command += ["--episodes", str(episodes)]
-    if record is not None:
-        command += ["--record", str(record)]
-    done = subprocess.run(command, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"load generator failed: {done.stderr[-2000:]}")
-    return json.loads(out.read_text())
 
 
 def _samples(url: str, metric: str) -> list[tuple[str, float]]:
@@ -539,10 +526,9 @@ def run_server_bench(
     _decode_once(data_root, index.patient_ids())
     with tempfile.TemporaryDirectory(prefix="case-env-bench-") as tmp, contextlib.ExitStack() as stack:
         scratch = Path(tmp)
-        patients_file = scratch / "patients.txt"
-        patients_file.write_text("".join(f"{p}\n" for p in index.patient_ids()))
+        loads = stack.enter_context(LoadProcess(scratch / "load.log"))
         redis = stack.enter_context(RedisServer(scratch / "redis")) if "redis" in stores else None
-        bench = Bench(data_root, patients_file, scratch, load, workers, cache_mb, redis)
+        bench = Bench(data_root, index.patient_ids(), scratch, loads, load, workers, cache_mb, redis)
         others = [s for s in stores if s != "sqlite"]
 
         def run(engine: str, mix: str, cache: bool = True, record: Path | None = None) -> dict:
