@@ -10,58 +10,41 @@ from __future__ import annotations
 import base64
 import io
 import json
-import threading
 
-from fastapi import FastAPI, Request
 from PIL import Image
 
 from case_env.core.policy import Observation
 from case_env.envs.imaging.baselines import scripted_agent
+from tests.chat_stub import ScriptedChat
 
 MALFORMED = "bad_0"
 
 
-class StubModel:
+class StubModel(ScriptedChat):
+    """The scripted policy behind the tests' one chat endpoint (`ScriptedChat`), its question's row found by
+    the conversation's first user message."""
+
     def __init__(self, extras_by_question: dict[str, dict]):
+        super().__init__(self.move)
         self.extras = extras_by_question
-        self.lock = threading.Lock()
         self.images_seen = 0
         self.malformed_replies = 0
-        self.tool_names_offered: list[set[str]] = []
-        self.app = FastAPI()
-        self.app.post("/v1/chat/completions")(self.complete)
 
-    async def complete(self, request: Request) -> dict:
-        body = await request.json()
-        messages = body["messages"]
+    @property
+    def tool_names_offered(self) -> list[set[str]]:
+        return [{t["function"]["name"] for t in body.get("tools") or []} for body in self.requests]
+
+    def move(self, messages: list[dict]) -> dict:
         extra = self.extras[messages[1]["content"]]
-        with self.lock:
-            self.tool_names_offered.append({t["function"]["name"] for t in body.get("tools") or []})
         if not any(m["role"] == "assistant" for m in messages):
-            return _reply(
-                [
-                    {
-                        "id": MALFORMED,
-                        "type": "function",
-                        "function": {"name": "list_visits", "arguments": "{not json"},
-                    }
-                ]
-            )
+            return _reply([_call(MALFORMED, "list_visits", "{not json")])
         outputs = self._outputs(messages)
         agent = scripted_agent(extra)
         move = agent.next_call(outputs)
         if move is None:
             return _reply(None, agent.decide(outputs).final_message())
         name, arguments = move
-        return _reply(
-            [
-                {
-                    "id": f"call_{len(outputs)}",
-                    "type": "function",
-                    "function": {"name": name, "arguments": json.dumps(arguments)},
-                }
-            ]
-        )
+        return _reply([_call(f"call_{len(outputs)}", name, json.dumps(arguments))])
 
     def _outputs(self, messages: list[dict]) -> list[Observation]:
         calls: dict[str, tuple[str, dict]] = {}
@@ -88,18 +71,9 @@ class StubModel:
         return outputs
 
 
+def _call(call_id: str, name: str, arguments: str) -> dict:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
 def _reply(tool_calls: list[dict] | None, content: str | None = None) -> dict:
-    return {
-        "id": "chatcmpl-stub",
-        "object": "chat.completion",
-        "created": 0,
-        "model": "stub",
-        "choices": [
-            {
-                "index": 0,
-                "finish_reason": "tool_calls" if tool_calls else "stop",
-                "message": {"role": "assistant", "content": content, "tool_calls": tool_calls},
-            }
-        ],
-        "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
-    }
+    return {"role": "assistant", "content": content, "tool_calls": tool_calls}

@@ -73,8 +73,7 @@ GENERIC = [
     "bench",
     "lm",
     "trl",
-    "cli.py",
-    "cli_options.py",
+    "cli",
     "reward.py",
     "settings.py",
 ]
@@ -156,6 +155,41 @@ def test_the_architecture_page_shows_the_parts_table_the_registry_generates():
     assert table in page, (
         "paste `python -c 'from case_env.core import registry; print(registry.parts_table())'`"
     )
+
+
+def test_the_glossary_names_code_that_exists_once():
+    """Each name in the glossary's code column is a class or function defined exactly once in case_env/ (one
+    type per concept: a second `Episode` would fail here), each `Class.member` a member of it, each path real."""
+    import ast
+    import re
+
+    page = (Path(__file__).parents[1] / "docs" / "architecture.md").read_text()
+    glossary = page.split("## Glossary", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in glossary.splitlines() if line.startswith("| ") and not line.startswith("| word")]
+    defined: dict[str, int] = {}
+    for module in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(module.read_text())):
+            if isinstance(node, ast.ClassDef | ast.FunctionDef) and node.col_offset == 0:
+                defined[node.name] = defined.get(node.name, 0) + 1
+    checked = 0
+    for row in rows:
+        code = row.rstrip(" |").rsplit(" | ", 1)[1]
+        for name in re.findall(r"`([^`]+)`", code):
+            if "/" in name:  # a path under case_env/ (or the top level's personas/)
+                path = name.replace("<env>", "imaging")
+                assert (PACKAGE / path).exists() or (PACKAGE.parent / path).exists(), name
+            elif name.startswith("@"):
+                assert defined.get(name[1:]) == 1, name
+            elif "." in name:  # Class.member
+                owner, member = name.split(".", 1)
+                assert defined.get(owner) == 1, owner
+                assert any(hasattr(env, member) for env in registry.environments().values()), name
+            elif name[:1].isupper():
+                assert defined.get(name) == 1, f"{name} is defined {defined.get(name, 0)} times"
+            else:  # a field or setting name (`case_id`, `context`)
+                continue
+            checked += 1
+    assert checked >= 20
 
 
 def test_an_environment_is_refused_at_load_for_a_half_declared_part_or_a_misspelt_persona():

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from case_env.core.llm import Reply
+from case_env.core.llm import ModelReply
 from case_env.envs.imaging import rubric
 from case_env.eval.runner import run_eval
 from case_env.reward import score_row
@@ -77,7 +77,7 @@ class Judge:
 
     def complete(self, messages, temperature=None, fresh=False):
         self.asked.append(messages)
-        return None if self.text is None else Reply(self.text, False)
+        return None if self.text is None else ModelReply(self.text, False)
 
 
 ALL_MET = json.dumps({"values": 1, "grounded": 1, "follows": 1})

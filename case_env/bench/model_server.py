@@ -59,7 +59,7 @@ def run_model_bench(
     env: Any, bench: ServerBench, options: ServerBenchOptions, echo: Callable[[str], object]
 ) -> dict:
     options.refuse(env.name, ("data_root", "baseline", "cache_mb", "doors", "stores"))
-    latencies = options.model_latency_ms or list(LATENCIES_MS)
+    latencies = options.latencies or list(LATENCIES_MS)
     failure = options.model_failure_rate or 0.0
     judge_ms = JUDGE_LATENCY_MS if options.judge_latency_ms is None else options.judge_latency_ms
     out = options.out

@@ -84,7 +84,9 @@ class LLMSettings(BaseModel):
 
 
 @dataclass(frozen=True)
-class Reply:
+class ModelReply:
+    """A chat model's answer, and whether the on-disk cache gave it."""
+
     text: str
     cached: bool
 
@@ -262,7 +264,7 @@ class Asker(Protocol):
 
     def complete(
         self, messages: list[dict], temperature: float | None = None, fresh: bool = False
-    ) -> Reply | None: ...
+    ) -> ModelReply | None: ...
 
 
 class ChatClient:
@@ -291,7 +293,7 @@ class ChatClient:
 
     def complete(
         self, messages: list[dict], temperature: float | None = None, fresh: bool = False
-    ) -> Reply | None:
+    ) -> ModelReply | None:
         """The reply to `messages` (at the settings' temperature unless one is given), or None on failure.
         `fresh`: a new sample, neither read from the cache nor kept in it (a published system that samples
         its judge or patient anew on every call). Blocks this thread; never call it on a running loop."""
@@ -299,7 +301,7 @@ class ChatClient:
 
     async def acomplete(
         self, messages: list[dict], temperature: float | None = None, fresh: bool = False
-    ) -> Reply | None:
+    ) -> ModelReply | None:
         """`complete` for a coroutine: awaits the reply without holding a thread."""
         temperature = self.settings.temperature if temperature is None else temperature
         key = self.key(messages, temperature)
@@ -307,7 +309,7 @@ class ChatClient:
             with self._lock:
                 row = self._db.execute("SELECT text FROM replies WHERE key = ?", (key,)).fetchone()
             if row is not None:
-                return Reply(row[0], cached=True)
+                return ModelReply(row[0], cached=True)
         body = {
             "model": self.settings.model,
             "messages": messages,
@@ -325,7 +327,7 @@ class ChatClient:
             with self._lock:
                 self._db.execute("INSERT OR REPLACE INTO replies (key, text) VALUES (?, ?)", (key, text))
                 self._db.commit()
-        return Reply(text, cached=False)
+        return ModelReply(text, cached=False)
 
     async def _post(self, body: dict, timeout_s: float) -> str | None:
         s = self.settings
@@ -393,7 +395,9 @@ class _Ahead:
     """A judge answering from replies already fetched; a question it has no reply for is noted for the next
     round and answered None (no reply: the reward's own fallback) this time."""
 
-    def __init__(self, client: ChatClient | None, replies: dict[str, Reply | None], offline: bool = False):
+    def __init__(
+        self, client: ChatClient | None, replies: dict[str, ModelReply | None], offline: bool = False
+    ):
         self.client = client
         self.replies = replies
         self.offline = offline
@@ -401,7 +405,7 @@ class _Ahead:
 
     def complete(
         self, messages: list[dict], temperature: float | None = None, fresh: bool = False
-    ) -> Reply | None:
+    ) -> ModelReply | None:
         if self.client is None:
             return None
         key = self.client.key(messages, temperature)
@@ -424,7 +428,7 @@ async def asked_ahead(score: Callable[[], T], client: ChatClient | None, in_thre
     run = asyncio.to_thread if in_thread else _on_loop
     if client is None:
         return await run(score)
-    replies: dict[str, Reply | None] = {}
+    replies: dict[str, ModelReply | None] = {}
     for _ in range(MAX_ROUNDS):
         ahead = _Ahead(client, replies)
         result = await run(_with(ahead, score))

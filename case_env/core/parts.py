@@ -270,30 +270,76 @@ class Benchmarks:
 
 
 class ServerBenchOptions(BaseModel):
-    """`case-env bench server`'s options: the shared ones, then those of one kind of benchmark (None: not
-    given; an environment refuses options it has no use for, by name)."""
+    """`case-env bench server`'s options (the command is built from them): the shared ones, then those of
+    one kind of benchmark (None: not given; an environment refuses options it has no use for, by name)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    out: Path
-    rollouts: int = 256
-    duration: float = 20.0
-    warmup: float = 5.0
-    workers: int = 2
-    think_ms: float = 0.0
-    group_size: int = 1
-    runs: int = 1
+    out: Path = Field(
+        Path("bench-out/server"),
+        description="Directory for bench.json (bench-out/server-ENV for an environment other than the default).",
+    )
+    rollouts: int = Field(
+        256,
+        ge=1,
+        description="Concurrent virtual rollouts (1024 where tools wait on a model: a training step's).",
+    )
+    duration: float = Field(20.0, ge=1, description="Measured seconds per load (after warm-up).")
+    warmup: float = Field(5.0, ge=0, description="Unmeasured seconds first (caches fill).")
+    workers: int = Field(2, ge=1, description="Server worker processes.")
+    think_ms: float = Field(
+        0.0, ge=0, description="Mean model time before each call (exponential); 0: closed loop."
+    )
+    group_size: int = Field(
+        1, ge=1, description="Rollouts per GRPO group sharing case and calls (1: independent)."
+    )
+    runs: int = Field(1, ge=1, description="Repeat the whole benchmark (figures of every run).")
     # the benchmark of an environment served from a data root
-    data_root: Path | None = None
-    baseline: str | None = None
-    cache_mb: int | None = None
-    doors: str | None = None
-    stores: str | None = None
+    data_root: Path | None = Field(
+        None,
+        description="The data root, generated there once if missing, then reused (when none: data/bench).",
+    )
+    baseline: str | None = Field(
+        None,
+        description="Baselines beside case-env, comma-separated: naive (the naive data engine), openenv "
+        "(OpenEnv's app factory; the openenv extra), floor (a bare Starlette route).",
+    )
+    cache_mb: int | None = Field(
+        None, ge=0, description="Decoded-data cache budget per worker (when none: the server's own)."
+    )
+    doors: str | None = Field(
+        None, description="Doors measured beside the tool API on one worker, comma-separated: openenv, mcp."
+    )
+    stores: str | None = Field(
+        None,
+        description="Episode stores measured in turns, comma-separated: sqlite, redis (when none: sqlite).",
+    )
     # a model-waiting benchmark
-    model_latency_ms: list[float] | None = None
-    model_failure_rate: float | None = None
-    rewards: int | None = None
-    judge_latency_ms: float | None = None
+    model_latency_ms: str | None = Field(
+        None, description="The stand-in model's latencies in ms, comma-separated (when none: 0,300,2000)."
+    )
+    model_failure_rate: float | None = Field(
+        None, ge=0, le=1, description="Share of the stand-in's requests answered 500 (when none: 0)."
+    )
+    rewards: int | None = Field(None, ge=1, description="Rows of the reward batch (when none: 1024).")
+    judge_latency_ms: float | None = Field(
+        None, ge=0, description="The stand-in judge's latency for the reward batch (when none: 500)."
+    )
+
+    @field_validator("model_latency_ms")
+    @classmethod
+    def _numbers(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                [float(v) for v in value.split(",")]
+            except ValueError:
+                raise ValueError(f"takes numbers separated by commas, not {value!r}") from None
+        return value
+
+    @property
+    def latencies(self) -> list[float] | None:
+        """`model_latency_ms` as numbers."""
+        return [float(v) for v in self.model_latency_ms.split(",")] if self.model_latency_ms else None
 
     def refuse(self, env: str, unused: Sequence[str]) -> None:
         """A ValueError naming the options given that `env`'s benchmark has no use for."""

@@ -35,7 +35,7 @@ def rollout_id(item: Item, repeat: int, variant: str = "") -> str:
 
 
 @dataclass
-class Episode:
+class Trajectory:
     """What one rollout did: its prompt, turns, what each call returned, the calls as they ran, the score."""
 
     prompt: list[dict]
@@ -54,7 +54,7 @@ class Episode:
 def to_record(
     item: Item,
     env: str,
-    episode: Episode,
+    episode: Trajectory,
     out: Path,
     repeat: int = 0,
     variant: str = "",
@@ -130,7 +130,7 @@ def _reasoning(turn: Turn | None) -> dict:
 
 
 def _from_turns(
-    prompt: list[dict], key: str, episode: Episode, folder: str, out: Path
+    prompt: list[dict], key: str, episode: Trajectory, folder: str, out: Path
 ) -> tuple[list[dict], list[str]]:
     messages: list[dict] = [dict(m) for m in prompt]
     images: list[str] = []

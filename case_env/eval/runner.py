@@ -160,7 +160,7 @@ class _Rollouts:
         allowed = set(item.extra.get("tool_selection") or [])
         return [schema for name, schema in self.schemas.items() if not allowed or name in allowed]
 
-    async def play(self, item: Item, variant: Variant, policy, tools: list[dict]) -> trajectory.Episode:
+    async def play(self, item: Item, variant: Variant, policy, tools: list[dict]) -> trajectory.Trajectory:
         loop = asyncio.get_running_loop()
         create = {
             **episodes.create_kwargs(item.extra),
@@ -210,7 +210,7 @@ class _Rollouts:
         messages = getattr(policy, "messages", None)
         if messages is None and dialogue is not None:  # several calls, or none, per turn: built here
             messages = dialogue_messages(prompt, steps)
-        return trajectory.Episode(prompt, [s.turn for s in steps], seen, calls, score, tools, messages)
+        return trajectory.Trajectory(prompt, [s.turn for s in steps], seen, calls, score, tools, messages)
 
     async def _call(
         self, name: str, arguments: dict, episode_id: str, create: dict

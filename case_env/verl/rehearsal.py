@@ -38,7 +38,7 @@ FINAL = "The evidence is in.\n<answer>B</answer>"
 
 
 @dataclass
-class Episode:
+class Rehearsed:
     """What verl rendered and decoded for one rehearsed episode."""
 
     tool: str
@@ -84,7 +84,9 @@ def arguments_for(schema: dict) -> dict:
     return out
 
 
-def rehearse(files: ModelFiles, config: Any, item: dict, schemas: list[dict], offered: list[dict]) -> Episode:
+def rehearse(
+    files: ModelFiles, config: Any, item: dict, schemas: list[dict], offered: list[dict]
+) -> Rehearsed:
     """Play `item` (a row as CaseRLHFDataset yields it) under the composed verl `config`: one call of its
     first offered tool, then the final answer."""
     return asyncio.run(_rehearse(files, config, item, schemas, offered))
@@ -127,7 +129,7 @@ async def _rehearse(files: ModelFiles, config: Any, item: dict, schemas: list[di
         extra_info=item["extra_info"],
         index=item["index"],
     )
-    return Episode(
+    return Rehearsed(
         tool=call["function"]["name"],
         prompt=model.prompts[0],
         prompt_after_tool=model.prompts[1] if len(model.prompts) > 1 else "",

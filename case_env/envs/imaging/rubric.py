@@ -197,15 +197,15 @@ class ImagingScoreExtra(ScoreExtra):
 
 
 @dataclass(frozen=True)
-class Episode:
-    """What the rubric reads of one trajectory."""
+class Graded:
+    """What the rubric grades of one trajectory: its reasoning, its tool text, and whether it forged any."""
 
     reasoning: str  # the model's final turn (after the last tool response), <think> left out
     tool_text: str  # every tool response of the episode
     forged: bool  # more tool responses in the text than the episode ran calls
 
     @classmethod
-    def of(cls, solution_str: str, extra: dict) -> Episode:
+    def of(cls, solution_str: str, extra: dict) -> Graded:
         responses = TOOL_RESPONSE.findall(solution_str or "")
         recorded = extra.get(FIELD)
         forged = isinstance(recorded, list | tuple) and len(responses) > len(recorded)
@@ -239,7 +239,7 @@ class Rubric:
             "follows": True,
         }
 
-    def rules(self, episode: Episode, correct: bool) -> dict[str, float]:
+    def rules(self, episode: Graded, correct: bool) -> dict[str, float]:
         """The items as the deterministic rules grade them."""
         found = values_in(episode.tool_text)
         returned, cited = Pool(found), set(values_in(episode.reasoning))
@@ -265,7 +265,7 @@ class Rubric:
         }
         return {k: float(v) for k, v in items.items()}
 
-    def judge_messages(self, episode: Episode, items: list[str]) -> list[dict]:
+    def judge_messages(self, episode: Graded, items: list[str]) -> list[dict]:
         from case_env.medicine.diagnosis import FENCE, fenced  # with the judge's client: not at import
 
         wording = {
@@ -307,7 +307,7 @@ def read_grades(reply: str, items: list[str]) -> dict[str, float] | None:
 def grade(solution_str: str, extra: dict, correct: bool, client: Asker | None) -> dict:
     """The rubric's keys (`KEYS`) for one trajectory: the judge's grades when `client` is given and answers
     in form, else the rules'."""
-    rubric, episode = Rubric.of(extra), Episode.of(solution_str, extra)
+    rubric, episode = Rubric.of(extra), Graded.of(solution_str, extra)
     applicable = [item for item, ok in rubric.applicable().items() if ok]
     rules = rubric.rules(episode, correct)
     grades, by = rules, "rules"

@@ -83,7 +83,8 @@ def describe_error(exc: ValidationError) -> str:
         if error["type"] == "literal_error":
             parts.append(f"unknown {field} {error['input']!r}; choose {error['ctx']['expected']}")
         else:
-            parts.append(f"--{field.replace('_', '-')}: {error['msg']}")
+            message = error["msg"].removeprefix("Value error, ")  # a validator's own words, as written
+            parts.append(f"--{field.replace('_', '-')}: {message}")
     return "; ".join(parts)
 
 
