@@ -52,7 +52,9 @@ def scores(banks: dict[str, Path]) -> dict[str, dict]:
 def test_every_rows_scores_equal_the_recorded_ones(banks):
     found = scores(banks)
     if os.environ.get("CASE_ENV_RECORD_SCORES") == "1":
-        RECORDED.write_text(json.dumps(found, indent=1, sort_keys=True) + "\n")
+        # a score per line, so that a review reads what changed
+        lines = (f"{json.dumps(key)}: {json.dumps(found[key], sort_keys=True)}" for key in sorted(found))
+        RECORDED.write_text("{\n" + ",\n".join(lines) + "\n}\n")
     recorded = json.loads(RECORDED.read_text())
     assert found.keys() == recorded.keys()
     changed = [key for key in recorded if found[key] != recorded[key]]
