@@ -9,10 +9,7 @@ import typer
 from case_env.cli.groups import bench_app, fail
 from case_env.cli.options import options_command
 from case_env.core import registry
-from case_env.core.parts import (
-    Benchmarks,
-    ServerBenchOptions,
-)
+from case_env.core.parts import Benchmarks, ServerBenchOptions
 
 
 @bench_app.command("model")

@@ -10,11 +10,7 @@ import typer
 from case_env.cli.groups import app, bank_app, data_app, fail, traj_app
 from case_env.cli.options import options_command
 from case_env.core import registry
-from case_env.core.parts import (
-    Banks,
-    DataChecks,
-    Synthesis,
-)
+from case_env.core.parts import Banks, DataChecks, Synthesis
 from case_env.core.problems import Problems
 
 
