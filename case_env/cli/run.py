@@ -146,10 +146,13 @@ def train_run(ctx: typer.Context) -> None:
 ModelUrl = Annotated[
     str | None,
     typer.Option(
-        "--model-url", help="openai agent: base URL of an OpenAI-compatible server, e.g. http://host:8000/v1."
+        "--model-url",
+        help="openai agent: base URL of an OpenAI-compatible server, e.g. http://host:8000/v1 [default: none].",
     ),
 ]
-ModelName = Annotated[str | None, typer.Option("--model", help="openai agent: model name to request.")]
+ModelName = Annotated[
+    str | None, typer.Option("--model", help="openai agent: model name to request [default: none].")
+]
 ApiKey = Annotated[str, typer.Option("--api-key", envvar="OPENAI_API_KEY", help="openai agent: API key.")]
 CallTimeout = Annotated[
     float, typer.Option("--call-timeout", min=1.0, help="openai agent: seconds per completion.")
