@@ -135,10 +135,10 @@ async def run_async(coroutine: Coroutine[Any, Any, T]) -> T:
 
 @dataclass
 class EndpointStats:
-    failed: int = 0  # requests that ended without a reply (the caller fell back)
-    waiting: int = 0  # in the queue now
+    """What `/metrics` shows of an endpoint: its requests in the queue and in flight now."""
+
+    waiting: int = 0
     in_flight: int = 0
-    peak_in_flight: int = 0
 
 
 @dataclass
@@ -182,7 +182,6 @@ class Endpoint:
             return self._failed(f"no free slot within {timeout_s:g} s")
         stats.waiting -= 1
         stats.in_flight += 1
-        stats.peak_in_flight = max(stats.peak_in_flight, stats.in_flight)
         try:
             client = self._by_retries.get(retries)
             if client is None:
@@ -205,7 +204,6 @@ class Endpoint:
         return text
 
     def _failed(self, reason: str) -> None:
-        self.stats.failed += 1
         log.warning("LLM endpoint %s failed (%s); falling back", self.base_url, reason)
         return None
 
