@@ -183,7 +183,8 @@ class Bench:
         record: Path | None = None,
         episodes: int | None = None,
     ) -> dict:
-        """The load generator on `url` with `setup`'s mix, its result kept as `name`.json."""
+        """The figures of one load of `setup`'s mix on `url`, run by the benchmark's load process (`name`
+        labels its progress line)."""
         progress(f"{setup.engine}{setup.label} ({setup.mix} mix, {name}): {load.warmup + load.duration:g} s")
         return self.loads.run(
             url,
