@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
@@ -67,16 +67,23 @@ def environment_of(data_source: str, extra_info: dict | None) -> Environment:
     return registry.for_row(data_source, extra_info)
 
 
+Scored = Callable[[], Coroutine[Any, Any, dict[str, Any]]]
+
+
 def scorer(
     data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None
-) -> tuple[Environment, Callable[[], dict[str, Any]]]:
-    """The row's environment and its reward as a function of nothing: the row checked and its text capped
-    once, its score computed (and its judge asked) each time it is called. verl, `/v1/score` and eval all
-    score through it."""
+) -> tuple[Environment, Scored]:
+    """The row's environment and its reward as a coroutine function of nothing: the row checked and its text
+    capped once, its score computed (and its judge awaited) each time it is called. verl, `/v1/score` and
+    eval all score through it."""
     extra = whole_numbers(extra_info) if isinstance(extra_info, dict) else None
     env = environment_of(data_source, extra)
     text = capped(solution_str)
-    return env, lambda: {**env.score(text, ground_truth, extra).flat(), **failures(env, text, extra)}
+
+    async def scored() -> dict[str, Any]:
+        return {**(await env.score(text, ground_truth, extra)).flat(), **failures(env, text, extra)}
+
+    return env, scored
 
 
 FAILURE_KEYS = ("infra_error", "calls_dropped")  # every environment's reward has them
@@ -104,9 +111,8 @@ def score_row(
     extra_info: dict | None = None,
     **kwargs: Any,
 ) -> dict[str, Any]:
-    """The row's reward, in this thread (eval, `/v1/score`, tests); a judge is asked through the same pooled
-    client as `compute_score`'s, this thread waiting for it."""
-    return scorer(data_source, solution_str, ground_truth, extra_info)[1]()
+    """The row's reward for a plain caller (eval's report, tests): `compute_score` run to its end."""
+    return asyncio.run(compute_score(data_source, solution_str, ground_truth, extra_info))
 
 
 async def compute_score(
@@ -116,14 +122,14 @@ async def compute_score(
     extra_info: dict | None = None,
     **kwargs: Any,
 ) -> dict[str, Any]:
-    """verl's entry point, a coroutine: verl's reward loop awaits it (a plain function it would run in its
-    loop's default executor, a handful of threads, each held for a judge's whole round trip). The reward's own
-    work runs in a thread, its judge requests go out together and are awaited here (`llm.asked_ahead`).
-    Past `CASE_ENV_SCORE_DEADLINE_S` the deterministic fallback scores the row, so verl's own timeout, which
-    would give the row other keys than its batch's, never fires first (the launcher sets it higher)."""
+    """verl's entry point, a coroutine: verl's reward loop awaits it, and it awaits its judge, so a thousand
+    rows wait on their judge together without a thread each. Past `CASE_ENV_SCORE_DEADLINE_S` the
+    deterministic fallback scores the row, so verl's own timeout, which would give the row other keys than
+    its batch's, never fires first (the launcher sets it higher)."""
     _, scored = scorer(data_source, solution_str, ground_truth, extra_info)
     try:
-        return await asyncio.wait_for(llm.asked_ahead(scored, llm.default_judge()), score_deadline_s())
+        return await asyncio.wait_for(scored(), score_deadline_s())
     except TimeoutError:
         log.warning("a %s row passed its scoring deadline; scored without its judge", data_source)
-        return {**await asyncio.to_thread(llm.offline, scored), "judge_fallback": 1.0}
+        with llm.judge_silenced():
+            return {**await scored(), "judge_fallback": 1.0}

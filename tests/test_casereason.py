@@ -18,17 +18,24 @@ import pyarrow.parquet as pq
 import pytest
 
 from case_env.core.llm import ChatClient, LLMSettings
+from case_env.envs.casereason import judge as judging
+from case_env.envs.casereason import recall as recalling
+from case_env.envs.casereason import reward as rewarding
 from case_env.envs.casereason.cases import load_cases, read_file, statements
 from case_env.envs.casereason.evaluation import pass_at_k
-from case_env.envs.casereason.judge import Judgement, judge, read_verdict
-from case_env.envs.casereason.recall import covered_lexically, reasoning_recall
-from case_env.envs.casereason.reward import casereason_score
+from case_env.envs.casereason.judge import Judgement, read_verdict
+from case_env.envs.casereason.recall import covered_lexically
 from case_env.envs.casereason.synth import make_reasoning_case, write_cases
 from case_env.medicine.diagnosis import same_condition
 from case_env.reward import compute_score
+from tests import blocking
 from tests.chat_stub import ScriptedChat
 from tests.server_harness import live_server, serve_app
 from tests.test_clinic_server import env
+
+judge = blocking(judging.judge)
+reasoning_recall = blocking(recalling.reasoning_recall)
+casereason_score = blocking(rewarding.casereason_score)
 
 ROW = {
     "pmcid": "PMC123",

@@ -19,18 +19,22 @@ import pytest
 
 from case_env.core.bank import load_items, write
 from case_env.core.sft_data import write_sft
+from case_env.envs.casereason import reward as rewarding
 from case_env.envs.casereason.bank import build
 from case_env.envs.casereason.baselines import Reader
 from case_env.envs.casereason.cases import load_cases
 from case_env.envs.casereason.evaluation import pass_at_k, variants
 from case_env.envs.casereason.grader import grade
-from case_env.envs.casereason.reward import casereason_score, extract_answer
+from case_env.envs.casereason.reward import extract_answer
 from case_env.envs.casereason.synth import make_reasoning_case
 from case_env.medicine.diagnosis import same_condition
+from tests import blocking
 from tests.chat_stub import ScriptedChat
 from tests.server_harness import live_server, serve_app
 from tests.test_casereason import case_bank, reader_model
 from tests.test_clinic_server import env
+
+casereason_score = blocking(rewarding.casereason_score)
 
 DATA = Path(__file__).parent / "data"
 TRAIN0 = json.loads((DATA / "medcasereasoning_train0.json").read_text())["row"]

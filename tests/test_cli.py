@@ -106,12 +106,12 @@ def on_a_terminal(*args: str) -> tuple[int, str, str]:
 def test_bench_server_measures_case_env_against_every_baseline(dataset, tmp_path):
     code, stdout, terminal = on_a_terminal(
         *("bench", "server", "--data-root", str(dataset), "--out", str(tmp_path / "bench")),
-        *("--rollouts", "4", "--duration", "2", "--warmup", "0.5", "--workers", "1"),
+        *("--rollouts", "4", "--duration", "1", "--warmup", "0.5", "--workers", "1"),
         *("--baseline", "naive,openenv,floor", "--doors", "openenv,mcp", "--stores", "sqlite,redis"),
     )
     assert code == 0, terminal[-3000:]
     # on a terminal it says what runs now, on one rewritten line; its results alone go to stdout
-    assert "\r\x1b[Kcase-env (episode mix, load): 2.5 s" in terminal and "mcp-door (episode mix, " in terminal
+    assert "\r\x1b[Kcase-env (episode mix, load): 1.5 s" in terminal and "mcp-door (episode mix, " in terminal
     assert "\r" not in stdout and "(episode mix, load)" not in stdout
     # ratios phrased one way, each target with its threshold
     assert re.search(r"^cheap mix: [\d.]+x openenv's calls/s, [\d.]+x its p99 latency, ", stdout, re.M)

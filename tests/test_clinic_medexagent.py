@@ -19,17 +19,20 @@ from case_env.core import registry
 from case_env.core.bank import write
 from case_env.core.calls import FIELD, call_text
 from case_env.core.policy import Turn
+from case_env.envs.clinic import reward as rewarding
 from case_env.envs.clinic.bank import build
 from case_env.envs.clinic.cases import ClinicCase, read_csv
 from case_env.envs.clinic.noise import NoiseConfig
-from case_env.envs.clinic.reward import clinic_score
 from case_env.envs.clinic.synth import write_csv
 from case_env.medicine.exams import EXAMS, NOT_OFFERED, expressible, read_exam_string, recorded_exam
 from case_env.verl.config import path_for
 from case_env.verl.rollouts import load_rows, play
+from tests import blocking
 from tests.server_harness import live_server
 from tests.test_clinic_server import env
 from tests.verl_rows import REPO
+
+clinic_score = blocking(rewarding.clinic_score)
 
 # -- MedExAgent's formulas, written from train/rl/reward.py (compute_tool_reward, compute_cost_penalty,
 # compute_tool_cost_totals, compute_format_penalty) for this test only --------------------------------------

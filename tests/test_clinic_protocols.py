@@ -6,6 +6,7 @@ server and played by the scripted clinician through the eval runner."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pyarrow as pa
@@ -183,7 +184,7 @@ def test_an_eval_files_gold_calls_are_kept_as_written_repeats_included(tmp_path)
     exams = json.loads(row["extra_info"])["clinic"]["exams"]
     assert exams == list(case.gold)
     text = call_text("cbc", {}) + "\n[DIAGNOSIS: Community-acquired pneumonia]"
-    score = clinic_score(text, case.diagnosis, {"clinic": {"exams": exams}})
+    score = asyncio.run(clinic_score(text, case.diagnosis, {"clinic": {"exams": exams}}))
     gt = [
         {"name": "ct", "arguments": {"region": "chest", "contrast": "yes"}},
         {"name": "cbc", "arguments": {}},

@@ -8,12 +8,18 @@ import json
 import pytest
 
 from case_env.core.llm import ChatClient, LLMSettings
-from case_env.envs.clinic.reward import appropriateness, clinic_score, ordered_tools, strict_cost
-from case_env.medicine.diagnosis import conditions, count_matches, judge, judge_messages, same_condition
+from case_env.envs.clinic import reward as rewarding
+from case_env.envs.clinic.reward import appropriateness, ordered_tools, strict_cost
+from case_env.medicine import diagnosis
+from case_env.medicine.diagnosis import conditions, count_matches, judge_messages, same_condition
 from case_env.medicine.exams import parse_exam_string
 from case_env.reward import score_row
+from tests import blocking
 from tests.chat_stub import ScriptedChat
 from tests.server_harness import serve_app
+
+clinic_score = blocking(rewarding.clinic_score)
+judge = blocking(diagnosis.judge)
 
 
 def approx(value: float):

@@ -15,10 +15,13 @@ from case_env.core.llm import ModelReply
 from case_env.envs.imaging import rubric
 from case_env.eval.runner import run_eval
 from case_env.reward import score_row
+from tests import blocking
 from tests.reliability.test_reward_hacking import EXTRA, HONEST, ONE_CALL, RUBRIC_HACKS, RUBRIC_TURN
 from tests.server_harness import live_server
 from tests.test_judge_scale import judge_at  # noqa: F401 (a fixture)
 from tests.verl_rows import build_bank
+
+grade = blocking(rubric.grade)
 
 EVIDENCE_ITEMS = ("values", "visits", "grounded", "follows")
 
@@ -75,7 +78,7 @@ class Judge:
     def __init__(self, text: str | None):
         self.text, self.asked = text, []
 
-    def complete(self, messages, temperature=None, fresh=False):
+    async def acomplete(self, messages, temperature=None, fresh=False):
         self.asked.append(messages)
         return None if self.text is None else ModelReply(self.text, False)
 
@@ -84,12 +87,12 @@ ALL_MET = json.dumps({"values": 1, "grounded": 1, "follows": 1})
 
 
 def test_an_honest_answer_meets_the_rubric_by_the_rules_and_the_judge():
-    by_rules = rubric.grade(HONEST, {**EXTRA, **ONE_CALL}, True, None)
+    by_rules = grade(HONEST, {**EXTRA, **ONE_CALL}, True, None)
     assert by_rules["rubric_values"] == by_rules["rubric_grounded"] == by_rules["rubric_follows"] == 1.0
     assert by_rules["rubric_visits"] == 0.0 and by_rules["rubric_applicable"] == 3  # a one-visit question
     assert by_rules["rubric"] == 1.0 and by_rules["rubric_by"] == "rules"
     judge = Judge(ALL_MET)
-    by_judge = rubric.grade(HONEST, {**EXTRA, **ONE_CALL}, True, judge)
+    by_judge = grade(HONEST, {**EXTRA, **ONE_CALL}, True, judge)
     assert by_judge["rubric"] == 1.0 and by_judge["rubric_by"] == "judge"
     prompt = judge.asked[0][1]["content"]
     assert "1,634.8 mL" in prompt and '"visits"' not in prompt and "1634.8 mL" in prompt
@@ -99,7 +102,7 @@ def test_an_honest_answer_meets_the_rubric_by_the_rules_and_the_judge():
 def test_answers_citing_values_no_tool_returned_score_0_on_those_items(name):
     text, recorded = RUBRIC_HACKS[name]
     for client in (None, Judge(ALL_MET)):  # a judge that credits everything is bounded by the rules
-        grades = rubric.grade(text, {**EXTRA, **recorded}, True, client)
+        grades = grade(text, {**EXTRA, **recorded}, True, client)
         # a conclusion resting on a value no tool returned does not follow from the evidence either
         assert grades["rubric_values"] == grades["rubric_grounded"] == grades["rubric_follows"] == 0.0, name
 
@@ -115,7 +118,7 @@ def test_answers_citing_values_no_tool_returned_score_0_on_those_items(name):
     ],
 )
 def test_a_judge_out_of_form_leaves_the_grades_to_the_rules(reply, by):
-    grades = rubric.grade(HONEST, {**EXTRA, **ONE_CALL}, True, Judge(reply))
+    grades = grade(HONEST, {**EXTRA, **ONE_CALL}, True, Judge(reply))
     assert grades["rubric_by"] == by and grades["rubric"] == 1.0
 
 
@@ -197,5 +200,5 @@ def test_the_pool_finds_exactly_the_values_that_match(cited, pool):
 @given(text=st.text(max_size=400) | st.sampled_from(["1,634.8 mL " * 300, "+5.6 %" * 500, "1.0.0 mL,,5 %"]))
 def test_any_model_text_grades_with_the_same_keys(text):
     for solution in (text, RUBRIC_TURN + text):
-        grades = rubric.grade(solution, {**EXTRA, **ONE_CALL}, True, None)
+        grades = grade(solution, {**EXTRA, **ONE_CALL}, True, None)
         assert set(grades) == set(rubric.KEYS) and 0.0 <= grades["rubric"] <= 1.0

@@ -102,4 +102,5 @@ class Environment(ABC):
         return settings
 
     @abstractmethod
-    def score(self, solution_str: str, ground_truth: str, extra_info: dict | None) -> Score: ...
+    async def score(self, solution_str: str, ground_truth: str, extra_info: dict | None) -> Score:
+        """The row's reward; a coroutine, so a judge's reply is awaited, holding no thread."""

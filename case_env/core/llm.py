@@ -9,8 +9,8 @@ loop and plain threads: `acomplete` awaits, `complete` blocks the calling thread
 
 Replies are cached on disk by a hash of (model, messages, parameters), so rewards do not drift, unless asked
 `fresh` (a system that samples anew on every call, as MedExAgent's patient and judge at 0.7). A failure
-returns None, never cached; callers fall back to their rules. `asked_ahead` runs a plain reward with all of
-its judge requests sent together, so coroutine and synchronous rewards share one definition of the score.
+returns None, never cached; callers fall back to their rules. Rewards are coroutines that await their judge
+(`asked_judge`); past a deadline, `judge_silenced` lets the rules decide.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Coroutine, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -244,7 +244,7 @@ def endpoint_stats() -> dict[str, EndpointStats]:
 class Asker(Protocol):
     """What a reward or a patient asks a model through: a `ChatClient`, or a stand-in holding its replies."""
 
-    def complete(
+    async def acomplete(
         self, messages: list[dict], temperature: float | None = None, fresh: bool = False
     ) -> ModelReply | None: ...
 
@@ -368,75 +368,25 @@ _ASKING: ContextVar[Asker | None] = ContextVar("case_env_judge_asking", default=
 
 
 def asked_judge() -> Asker | None:
-    """The judge a reward asks: the process's (`default_judge`), or, inside `asked_ahead`, the replies
-    fetched for this scoring."""
+    """The judge a reward asks: the process's (`default_judge`), or none that answers inside
+    `judge_silenced`."""
     return _ASKING.get() or default_judge()
 
 
-class _Ahead:
-    """A judge answering from replies already fetched; a question it has no reply for is noted for the next
-    round and answered None (no reply: the reward's own fallback) this time."""
+class _Silent:
+    """A judge that never answers: each judged grade falls back to the rules, marked `unavailable`."""
 
-    def __init__(
-        self, client: ChatClient | None, replies: dict[str, ModelReply | None], offline: bool = False
-    ):
-        self.client = client
-        self.replies = replies
-        self.offline = offline
-        self.missing: dict[str, tuple[list[dict], float | None, bool]] = {}
-
-    def complete(
+    async def acomplete(
         self, messages: list[dict], temperature: float | None = None, fresh: bool = False
     ) -> ModelReply | None:
-        if self.client is None:
-            return None
-        key = self.client.key(messages, temperature)
-        if key in self.replies:
-            return self.replies[key]
-        if not self.offline:
-            self.missing[key] = (messages, temperature, fresh)
         return None
 
 
-MAX_ROUNDS = 8  # a reward asks again in the light of a reply (case reasoning: the next attempt after a "no")
-
-
-async def asked_ahead(score: Callable[[], T], client: ChatClient | None, in_thread: bool = True) -> T:
-    """`score()`, a plain function that asks its judge through `asked_judge()`, with every judge request sent at
-    once and awaited on the loop: a pass with no replies notes what it asks, the requests go out together,
-    and the function runs again with their replies, until a pass asks nothing new. Each pass runs in a
-    thread (a reward's own work is CPU), or on the loop when it is as cheap as one verdict. Without a judge,
-    one pass."""
-    run = asyncio.to_thread if in_thread else _on_loop
-    if client is None:
-        return await run(score)
-    replies: dict[str, ModelReply | None] = {}
-    for _ in range(MAX_ROUNDS):
-        ahead = _Ahead(client, replies)
-        result = await run(_with(ahead, score))
-        if not ahead.missing:
-            return result
-        asked = list(ahead.missing.items())
-        got = await asyncio.gather(*(client.acomplete(m, t, f) for _, (m, t, f) in asked))
-        replies.update(zip([k for k, _ in asked], got, strict=True))
-    return await run(_with(_Ahead(client, replies, offline=True), score))
-
-
-async def _on_loop(function: Callable[[], T]) -> T:
-    return function()
-
-
-def offline(score: Callable[[], T]) -> T:
-    """`score()` with its judge answering nothing, so its deterministic fallback decides (past a deadline)."""
-    return _with(_Ahead(None, {}, offline=True), score)()
-
-
-def _with(asker: _Ahead, score: Callable[[], T]) -> Callable[[], T]:
-    def scored() -> T:
-        token = _ASKING.set(asker)
-        try:
-            return score()
-        finally:
-            _ASKING.reset(token)
-
-    return scored
+@contextmanager
+def judge_silenced() -> Iterator[None]:
+    """Rewards scored inside ask no judge: past a deadline, the deterministic fallback decides at once."""
+    token = _ASKING.set(_Silent())
+    try:
+        yield
+    finally:
+        _ASKING.reset(token)

@@ -205,7 +205,7 @@ class _Rollouts:
                 calls.append(call)
             seen += step.observations
         extra = {**item.extra, **variant.extra, FIELD: [c.record() for c in calls]}
-        score = self.env.score(transcript(steps), item.ground_truth, extra).flat()
+        score = (await self.env.score(transcript(steps), item.ground_truth, extra)).flat()
         prompt = variant.prompt or item.prompt
         messages = getattr(policy, "messages", None)
         if messages is None and dialogue is not None:  # several calls, or none, per turn: built here

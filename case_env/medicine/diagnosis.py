@@ -237,14 +237,14 @@ def judge_messages(predicted: list[str], truth: list[str]) -> list[dict]:
     return [{"role": "system", "content": JUDGE_SYSTEM}, {"role": "user", "content": user}]
 
 
-def judge(predicted: list[str], truth: list[str], client: Asker | None) -> Verdict:
+async def judge(predicted: list[str], truth: list[str], client: Asker | None) -> Verdict:
     """The deterministic verdict, raised by the judge where it finds synonyms the table lacks."""
     rules = count_matches(predicted, truth)
     if client is None or not predicted or rules == len(truth):
         return Verdict(len(truth), len(predicted), rules, "rules" if client is None or rules else "none")
     if any(looks_injected(p) for p in predicted):
         return Verdict(len(truth), len(predicted), rules, "refused")
-    reply = client.complete(judge_messages(predicted, truth))
+    reply = await client.acomplete(judge_messages(predicted, truth))
     if reply is None:
         return Verdict(len(truth), len(predicted), rules, "unavailable")
     try:

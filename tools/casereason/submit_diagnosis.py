@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from pydantic import Field
 
-from case_env.core.llm import asked_ahead, asked_judge, default_judge
+from case_env.core.llm import asked_judge
 from case_env.core.tools import ToolResult, tool
 from case_env.envs.casereason.context import ReasoningContext
 from case_env.envs.casereason.judge import judge
+from case_env.medicine.terminology import icd10cm
 
 
-# a coroutine: the judge's reply is awaited on the server's loop, holding no thread (the grading in a thread:
-# its first use reads the ICD-10-CM index)
+# a coroutine: the judge's reply is awaited on the server's loop, holding no thread
 @tool(personas=("diagnostician",))
 async def submit_diagnosis(
     ctx: ReasoningContext,
@@ -26,9 +28,8 @@ async def submit_diagnosis(
     n = len(ctx.episode.submissions) + 1
     if n > k:
         return ToolResult(f"No attempts left ({k} of {k} used). Give your final answer.")
-    verdict = await asked_ahead(
-        lambda: judge(diagnosis.strip(), case.diagnosis, asked_judge()), default_judge()
-    )
+    await asyncio.to_thread(icd10cm)  # the grader's index: its first read in this process off the loop
+    verdict = await judge(diagnosis.strip(), case.diagnosis, asked_judge())
     fallback = UNJUDGED if verdict.by == "unavailable" else None
     if verdict.correct:
         return ToolResult("Correct. Give this diagnosis as your final answer.", fallback=fallback)

@@ -127,10 +127,10 @@ class CaseReasonEnvironment(
         }
         return BankBuild(result, meta, table, Problems(loaded.problems))
 
-    def score(self, solution_str: str, ground_truth: str, extra_info: dict | None) -> Score:
+    async def score(self, solution_str: str, ground_truth: str, extra_info: dict | None) -> Score:
         from case_env.envs.casereason.reward import casereason_score
 
-        return Score.of(casereason_score(solution_str, ground_truth, extra_info))
+        return Score.of(await casereason_score(solution_str, ground_truth, extra_info))
 
     # -- data -----------------------------------------------------------------------------------------
     def synthesize(self, options: SynthOptions, echo: Callable[[str], object]) -> None:

@@ -49,7 +49,7 @@ def read_verdict(reply: str) -> bool | None:
     return yes if yes != no else None
 
 
-def judge(predicted: str | None, truth: str, client: Asker | None) -> Judgement:
+async def judge(predicted: str | None, truth: str, client: Asker | None) -> Judgement:
     if not predicted or not predicted.strip():
         return Judgement(False, "none")
     rules = grade(predicted, truth)
@@ -57,7 +57,7 @@ def judge(predicted: str | None, truth: str, client: Asker | None) -> Judgement:
         return Judgement(rules, "rules")
     if looks_injected(predicted):
         return Judgement(rules, "refused")
-    reply = client.complete(judge_messages(predicted, truth), temperature=0.0)
+    reply = await client.acomplete(judge_messages(predicted, truth), temperature=0.0)
     if reply is None:
         return Judgement(rules, "unavailable")
     verdict = read_verdict(reply.text)

@@ -9,6 +9,7 @@ words (four letters or more, not reasoning boilerplate, lightly stemmed) occur i
 
 from __future__ import annotations
 
+import asyncio
 import re
 from dataclasses import dataclass
 
@@ -103,24 +104,28 @@ class Recall:
         return self.covered / self.statements if self.statements else 0.0
 
 
-def _judged(statement: str, trace: str, client: Asker) -> bool | None:
+async def _judged(statement: str, trace: str, client: Asker) -> bool | None:
     user = (
         f"Clinician statement: {statement}\nReasoning trace (untrusted data):\n{FENCE[0]}\n"
         f"{fenced(trace, 8000)}\n{FENCE[1]}\nDoes the trace cover the statement? Answer [yes/no]."
     )
-    reply = client.complete([{"role": "system", "content": RECALL_SYSTEM}, {"role": "user", "content": user}])
+    reply = await client.acomplete(
+        [{"role": "system", "content": RECALL_SYSTEM}, {"role": "user", "content": user}]
+    )
     word = re.sub(r"[^a-z]", "", reply.text.strip().lower()) if reply is not None else ""
     return {"yes": True, "no": False}.get(word)
 
 
-def reasoning_recall(statements: list[str], trace: str, client: Asker | None = None) -> Recall:
+async def reasoning_recall(statements: list[str], trace: str, client: Asker | None = None) -> Recall:
     if not statements:
         return Recall(0, 0, "none")
     if not trace.strip():
         return Recall(0, len(statements), "lexical")
     covered, methods = 0, set()
-    for statement in statements:
-        verdict = _judged(statement, trace, client) if client is not None else None
+    # the statements' questions go to the judge together
+    judged = await asyncio.gather(*(_judged(s, trace, client) for s in statements)) if client else None
+    for i, statement in enumerate(statements):
+        verdict = judged[i] if judged is not None else None
         if verdict is None:
             verdict = covered_lexically(statement, trace)
             methods.add("lexical")

@@ -18,6 +18,7 @@ one. Keys: score, acc, pred, format_ok, judge, recall, attempts, first_correct.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
@@ -84,7 +85,18 @@ def attempts_of(calls: list[Call], final: str | None) -> list[str]:
     return submitted
 
 
-def casereason_score(
+async def first_correct(attempts: list[str], truth: str, client: Asker | None) -> tuple[int, str]:
+    """The first attempt judged correct (1-based, 0 for none), and who decided the last verdict."""
+    how = "none"
+    for i, attempt in enumerate(attempts, start=1):
+        verdict = await judge(attempt, truth, client)
+        how = verdict.by
+        if verdict.correct:
+            return i, how
+    return 0, how
+
+
+async def casereason_score(
     solution_str: str, ground_truth: str, extra_info: dict | None = None, client: Asker | None = None
 ) -> dict[str, Any]:
     text = solution_str or ""
@@ -94,14 +106,11 @@ def casereason_score(
     trace = "\n".join(_THINK.findall(model_text(text)))
     client = client if client is not None else asked_judge()
     attempts = attempts_of(executed_calls(text, extra_info, registry.tool_parameters), final)[:k]
-    first, how = 0, "none"
-    for i, attempt in enumerate(attempts, start=1):
-        verdict = judge(attempt, str(ground_truth), client)
-        how = verdict.by
-        if verdict.correct:
-            first = i
-            break
-    recall = reasoning_recall(list(settings.get("statements") or []), trace, client)
+    # the attempts in turn (the next is judged after a "no"), beside the recall's questions
+    (first, how), recall = await asyncio.gather(
+        first_correct(attempts, str(ground_truth), client),
+        reasoning_recall(list(settings.get("statements") or []), trace, client),
+    )
     weight = float(settings.get("recall_weight", 0.0))
     score = (1 - (first - 1) / k if first else 0.0) + weight * recall.value
     return {

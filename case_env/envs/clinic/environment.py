@@ -276,10 +276,10 @@ class ClinicEnvironment(
         }
         return BankBuild(result, meta, table, Problems(loaded.problems))
 
-    def score(self, solution_str: str, ground_truth: str, extra_info: dict | None) -> Score:
+    async def score(self, solution_str: str, ground_truth: str, extra_info: dict | None) -> Score:
         from case_env.envs.clinic.reward import clinic_score
 
-        return Score.of(clinic_score(solution_str, ground_truth, extra_info))
+        return Score.of(await clinic_score(solution_str, ground_truth, extra_info))
 
     # -- data -----------------------------------------------------------------------------------------
     def synthesize(self, options: SynthOptions, echo: Callable[[str], object]) -> None:

@@ -183,7 +183,7 @@ def read_diagnosis(solution_str: str) -> str | None:
     return answer.strip() if answer is not None else None
 
 
-def diagnosis_verdict(
+async def diagnosis_verdict(
     prediction: str | None, truth: str, weights: RewardWeights, client: Asker | None
 ) -> Verdict:
     truth_conditions = conditions(truth)
@@ -193,12 +193,12 @@ def diagnosis_verdict(
     if weights.profile == "strict" and len(predicted) > MAX_CONDITIONS:
         return Verdict(len(truth_conditions), 0, 0, "none")  # a shotgun is no diagnosis under strict
     if weights.profile == "strict" or client is None:
-        return judge(predicted, truth_conditions, client)
-    rules = judge(predicted, truth_conditions, None)
+        return await judge(predicted, truth_conditions, client)
+    rules = await judge(predicted, truth_conditions, None)
     if looks_injected(prediction):
         return Verdict(rules.truth, rules.predicted, rules.matched, "refused")
     prompt = mx.JUDGE_PROMPT.format(ground_truth=truth, prediction=prediction)
-    reply = client.complete(
+    reply = await client.acomplete(
         [{"role": "user", "content": prompt}],
         temperature=weights.judge_temperature,
         fresh=not weights.judge_cache,
@@ -248,7 +248,7 @@ def strict_cost(ordered: list[ExamCall], necessary: list[ExamCall], discount: fl
     return total
 
 
-def clinic_score(
+async def clinic_score(
     solution_str: str, ground_truth: str, extra_info: dict | None = None, client: Asker | None = None
 ) -> dict[str, Any]:
     extra = extra_info if isinstance(extra_info, dict) else {}
@@ -257,7 +257,7 @@ def clinic_score(
     recorded = workup(record.exams)
     truth = [tool for _, tool in recorded]
     prediction = read_diagnosis(solution_str)
-    verdict = diagnosis_verdict(prediction, str(ground_truth or ""), weights, client or asked_judge())
+    verdict = await diagnosis_verdict(prediction, str(ground_truth or ""), weights, client or asked_judge())
     dx = verdict.jaccard
     turns = written_turns(solution_str)
     fmt = mx.format_penalty(*tool_turns(turns))

@@ -183,10 +183,10 @@ class ImagingEnvironment(
         }
         return BankBuild(result, meta, table, problems)
 
-    def score(self, solution_str: str, ground_truth: str, extra_info: dict | None) -> Score:
+    async def score(self, solution_str: str, ground_truth: str, extra_info: dict | None) -> Score:
         from case_env.envs.imaging.reward import rubric_score
 
-        return rubric_score(solution_str, ground_truth, extra_info or {})
+        return await rubric_score(solution_str, ground_truth, extra_info or {})
 
     def check_row(self, row: dict, extra: dict) -> list[str]:
         options = extra.get("options")

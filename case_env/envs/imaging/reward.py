@@ -41,10 +41,10 @@ def letter_score(solution_str: str, ground_truth: str) -> Score:
     return Score(correct, correct, pred or "", well_formed)
 
 
-def rubric_score(solution_str: str, ground_truth: str, extra: dict) -> Score:
+async def rubric_score(solution_str: str, ground_truth: str, extra: dict) -> Score:
     """The letter's reward plus the weighted rubric; the judge is asked only when the rubric counts."""
     base = letter_score(solution_str, ground_truth)
     weight = rubric.weight()
     client = llm.asked_judge() if rubric.judged() else None
-    graded = rubric.grade(solution_str, extra, base.acc == 1.0, client)
+    graded = await rubric.grade(solution_str, extra, base.acc == 1.0, client)
     return Score(base.score + weight * graded["rubric"], base.acc, base.pred, base.format_ok, graded)

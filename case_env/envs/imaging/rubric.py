@@ -304,7 +304,7 @@ def read_grades(reply: str, items: list[str]) -> dict[str, float] | None:
     return {k: float(grades[k]) for k in items}
 
 
-def grade(solution_str: str, extra: dict, correct: bool, client: Asker | None) -> dict:
+async def grade(solution_str: str, extra: dict, correct: bool, client: Asker | None) -> dict:
     """The rubric's keys (`KEYS`) for one trajectory: the judge's grades when `client` is given and answers
     in form, else the rules'."""
     rubric, episode = Rubric.of(extra), Graded.of(solution_str, extra)
@@ -312,7 +312,7 @@ def grade(solution_str: str, extra: dict, correct: bool, client: Asker | None) -
     rules = rubric.rules(episode, correct)
     grades, by = rules, "rules"
     if client is not None:
-        reply = client.complete(rubric.judge_messages(episode, applicable), temperature=0.0)
+        reply = await client.acomplete(rubric.judge_messages(episode, applicable), temperature=0.0)
         judged = read_grades(reply.text, applicable) if reply is not None else None
         by = "unavailable" if reply is None else "rejected" if judged is None else "judge"
         if judged is not None:

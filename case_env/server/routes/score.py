@@ -9,7 +9,6 @@ body a token holder sends stalls the tool calls the same worker serves."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -21,7 +20,7 @@ from case_env.core.environment import Environment, Score
 from case_env.core.problems import describe_errors
 from case_env.core.registry import RegistryError
 from case_env.core.tools import ErrorCode
-from case_env.reward import RowError, scorer
+from case_env.reward import RowError, Scored, scorer
 from case_env.server.errors import BAD_BODY, UNAUTHORIZED, error_response, short
 
 router = APIRouter(prefix="/v1", tags=["reward"], responses=UNAUTHORIZED | BAD_BODY)
@@ -60,7 +59,7 @@ class RequestError(ValueError):
     """A score request the caller must fix: 422 with this message."""
 
 
-def _routed(raw: bytes) -> tuple[Environment, Callable[[], dict]]:
+def _routed(raw: bytes) -> tuple[Environment, Scored]:
     """The request body parsed and validated, its row's environment and its reward as the entry point
     computes it for verl (`scorer`), in a worker thread."""
     try:
@@ -92,15 +91,15 @@ async def score(request: Request) -> Response:
     if raw.count(b'"tool"') > MAX_SCORED_CALLS:  # an upper bound of the calls, without parsing
         message = f"invalid request: extra_info.case_env_tool_calls holds more than {MAX_SCORED_CALLS} calls"
         return error_response(ErrorCode.INVALID_REQUEST, message, status=422)
-    # off the event loop (parsing a large body, a judge's HTTP round trips), with a deadline: a slow judge
-    # or a pathological row costs its own caller a zero, never the server a stall
+    # off the event loop (parsing a large body, reading a long text), with a deadline: a slow judge or a
+    # pathological row costs its own caller a zero, never the server a stall
     try:
         env, scored = await asyncio.to_thread(_routed, raw)
     except RequestError as exc:
         return error_response(ErrorCode.INVALID_REQUEST, short(f"invalid request: {exc}"), status=422)
     deadline = request.app.state.server.settings.score_deadline_s
     try:
-        result = Score.of(await asyncio.wait_for(asyncio.to_thread(scored), deadline))
+        result = Score.of(await asyncio.wait_for(asyncio.to_thread(asyncio.run, scored()), deadline))
     except TimeoutError:
         reply = ScoreResponse(
             env=env.name,
