@@ -33,7 +33,6 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-import openai
 from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -152,13 +151,15 @@ class Endpoint:
     stats: EndpointStats = field(default_factory=EndpointStats)
 
     def __post_init__(self) -> None:
+        import openai  # here, not at import: it costs every `case-env` command and server 0.4 s to load
+
         # The SDK on its aiohttp transport: 1.4-1.7 ms of CPU per request at 64 in flight against 2.3 on its
         # default httpx2 pool (docs/sources.md). Its pool (1,000 connections) is wider than any bound here:
         # `_slots` alone bounds the requests.
         self._client = openai.AsyncOpenAI(
             base_url=self.base_url, api_key=self.key or "none", http_client=openai.DefaultAioHttpClient()
         )
-        self._by_retries: dict[int, openai.AsyncOpenAI] = {}
+        self._by_retries: dict[int, Any] = {}
         self._slots = asyncio.Semaphore(self.concurrency)
 
     def widen(self, concurrency: int) -> None:
@@ -171,6 +172,8 @@ class Endpoint:
     async def post(self, request: dict, timeout_s: float, retries: int) -> str | None:
         """The reply's text, or None when no attempt succeeded within `timeout_s` (the queue's wait counted).
         The SDK retries connection errors, 408, 409, 429 and 5xx `retries` times, with its own backoff."""
+        import openai
+
         deadline = time.monotonic() + timeout_s
         stats = self.stats
         stats.waiting += 1

@@ -16,11 +16,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-import nibabel as nib
 import numpy as np
-from nibabel.filebasedimages import ImageFileError
-from nibabel.openers import ImageOpener
-from nibabel.orientations import apply_orientation, inv_ornt_aff, io_orientation
 
 OBLIQUE_TOLERANCE_DEG = 1.0
 
@@ -72,6 +68,8 @@ _CHUNK_BYTES = 1 << 22
 
 def _read_voxels(path: Path, offset: int, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
     """The voxel block, read in chunks into one preallocated buffer (Fortran order, as NIfTI stores it)."""
+    from nibabel.openers import ImageOpener
+
     n_bytes = int(np.prod(shape)) * dtype.itemsize
     buffer = np.empty(n_bytes, np.uint8)
     view = memoryview(buffer)
@@ -91,6 +89,10 @@ def _read_voxels(path: Path, offset: int, dtype: np.dtype, shape: tuple[int, ...
 
 def load_volume(path: Path) -> Volume:
     """Decode a whole NIfTI volume into memory, reoriented to RAS+, native dtype."""
+    import nibabel as nib  # here: a command that reads no volume skips its 0.15 s import
+    from nibabel.filebasedimages import ImageFileError
+    from nibabel.orientations import apply_orientation, inv_ornt_aff, io_orientation
+
     try:
         img = nib.load(str(path))  # parses the header only
         if not isinstance(img, nib.Nifti1Image | nib.Nifti2Image):
@@ -137,6 +139,8 @@ def _pathless(exc: BaseException, path: Path) -> str:
 
 def save_volume(path: Path, data: np.ndarray, affine: np.ndarray, is_label: bool = False) -> None:
     """Write a volume with explicit units, codes and dtype (nibabel's gzip is deterministic: mtime 0)."""
+    import nibabel as nib
+
     img = nib.Nifti1Image(np.asarray(data), affine)
     header = img.header
     header.set_xyzt_units("mm")
@@ -170,6 +174,10 @@ class Geometry:
 
 def read_geometry(path: Path) -> Geometry:
     """Grid of a NIfTI file after RAS+ reorientation, from its header alone (no data decoded)."""
+    import nibabel as nib
+    from nibabel.filebasedimages import ImageFileError
+    from nibabel.orientations import inv_ornt_aff, io_orientation
+
     try:
         img = nib.load(str(path))
         shape = tuple(int(n) for n in img.shape[:3])
