@@ -482,7 +482,7 @@ def test_envs_lists_tools_in_lines_a_terminal_shows_and_parts_only_when_asked():
     listed = run("envs").stdout
     assert "  tools (69): ask_patient, xray" in listed and "parts:" not in listed
     assert max(len(line) for line in listed.splitlines()) <= 100
-    assert "  parts: Banks, " in run("envs", "--verbose").stdout
+    assert "  parts: Data, " in run("envs", "--verbose").stdout
 
 
 def test_rollouts_print_their_table_and_one_notice(dataset, bank):

@@ -86,12 +86,12 @@ ALLOWED: set[tuple[str, str]] = set()
 
 
 def _leak_words() -> set[str]:
-    from case_env.core.parts import Faults
+    from case_env.core.parts import evaluation_of
 
     words = set(DOMAIN_WORDS)
     for env in registry.environments().values():
         words |= {env.name, *env.tools, *env.personas, *env.personas.data_sources}
-        words |= {str(c) for c in env.fault_codes} if isinstance(env, Faults) else set()
+        words |= {str(c) for c in evaluation_of(env).fault_codes}
     return {w.lower() for w in words}
 
 
@@ -141,17 +141,18 @@ def test_the_leak_check_catches_each_kind_of_leak(tmp_path):
 
 def test_the_serving_core_is_small_and_parts_are_declared():
     from case_env.core.environment import Environment
-    from case_env.core.parts import Banks
+    from case_env.core.parts import Data
 
     members = {n for n in [*vars(Environment), *Environment.__annotations__] if not n.startswith("_")}
     assert len(members) <= 12, sorted(members)
-    assert all(isinstance(env, Banks) for env in registry.environments().values())
+    assert all(isinstance(env, Data) for env in registry.environments().values())
+    assert len(registry.PARTS) <= 6
 
 
 def test_the_architecture_page_shows_the_parts_table_the_registry_generates():
     page = (Path(__file__).parents[1] / "docs" / "architecture.md").read_text()
     table = registry.parts_table()
-    assert "| `TextCases` |" in table and "| `Judged` |" in table
+    assert "| `TextCases` |" in table and "| `Training` |" in table
     assert table in page, (
         "paste `python -c 'from case_env.core import registry; print(registry.parts_table())'`"
     )
@@ -194,20 +195,25 @@ def test_the_glossary_names_code_that_exists_once():
 
 def test_an_environment_is_refused_at_load_for_a_half_declared_part_or_a_misspelt_persona():
     from case_env.core.environment import Environment, Score
-    from case_env.core.parts import Banks
+    from case_env.core.parts import Data, Evaluation
     from case_env.core.personas import load_personas
 
-    class HalfDone(Environment, Banks):  # declares Banks but no build_bank
+    class HalfDone(Environment, Data):  # declares Data but no build_bank
         name, title, summary = "half", "half", "half"
 
         def open_cases(self, data):
             return None
 
-        def score(self, solution_str, ground_truth, extra_info):
+        async def score(self, solution_str, ground_truth, extra_info):
             return Score(0.0, 0.0, "", False)
 
     with pytest.raises(TypeError, match="build_bank"):
         HalfDone()
+    with pytest.raises(TypeError, match="names baselines but defines no policy_factory"):
+
+        class NoNurse(Evaluation):  # a baseline no one can make
+            baselines = ("nurse",)
+
     tools = dict(registry.get("imaging").tools)
     misspelt = tools["read_report"].__class__(
         **{**tools["read_report"].__dict__, "personas": ("consultent",)}

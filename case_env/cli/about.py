@@ -9,7 +9,7 @@ import typer
 from case_env import __version__
 from case_env.cli.groups import app
 from case_env.core import registry
-from case_env.core.parts import Baselines, evaluation_of
+from case_env.core.parts import evaluation_of
 
 
 @app.command()
@@ -31,7 +31,7 @@ def envs(
             "personas": {name: list(p.data_sources) for name, p in env.personas.items()},
             "tools": list(env.tools),
             "data_sources": list(env.personas.data_sources),
-            "agents": list(env.baselines) if isinstance(env, Baselines) else [],
+            "agents": list(evaluation_of(env).baselines),
             "parts": [part.__name__ for part in registry.PARTS if isinstance(env, part)],
             "protocols": list(evaluation_of(env).protocols),
             "default": env.default,

@@ -59,7 +59,7 @@ options_command(
     "server",
     "Throughput, per-tool latency and errors of `case-env serve` under concurrent rollouts of one environment, "
     "against peers, floors and bounds measured in the same run.",
-    Benchmarks,
+    (lambda env: isinstance(env, Benchmarks), "server benchmark"),
     lambda env: ServerBenchOptions,
     _bench_server,
 )

@@ -10,7 +10,7 @@ import typer
 from case_env.cli.groups import app, bank_app, data_app, fail, traj_app
 from case_env.cli.options import options_command
 from case_env.core import registry
-from case_env.core.parts import Banks, DataChecks, Synthesis
+from case_env.core.parts import Data
 from case_env.core.problems import Problems
 
 
@@ -22,7 +22,7 @@ options_command(
     app,
     "synth",
     "Generate deterministic synthetic data for an environment.",
-    Synthesis,
+    (lambda env: isinstance(env, Data) and env.synth_options is not None, "synthetic generator"),
     lambda env: env.synth_options,
     _synth,
 )
@@ -39,7 +39,7 @@ def data_check(
     warnings: list[str] = []
     lines: list[str] = []
     for env in registry.environments().values():
-        found = env.check_data(root) if isinstance(env, DataChecks) else None
+        found = env.check_data(root) if isinstance(env, Data) else None
         if found is None:
             continue
         summary.update(found.summary)
@@ -101,7 +101,7 @@ options_command(
     bank_app,
     "build",
     "Build a bank of an environment's questions or cases: train/val/test parquet, case lists and bank.json.",
-    Banks,
+    (lambda env: isinstance(env, Data), "bank builder"),
     lambda env: env.bank_options,
     _bank_build,
 )

@@ -92,13 +92,14 @@ def options_command(
     group: typer.Typer,
     name: str,
     summary: str,
-    part: type,
+    has: tuple[Callable[[Any], bool], str],
     model_of: Callable[[Any], type[BaseModel]],
     run: Callable[[Any, BaseModel], None],
 ) -> None:
-    """Register `name` on `group`: `--env` plus the options of every environment with the `part` the command
-    needs, validated by the chosen environment's model."""
-    envs = {n: e for n, e in registry.environments().items() if isinstance(e, part)}
+    """Register `name` on `group`: `--env` plus the options of every environment that `has` what the command
+    needs (a test, and its name), validated by the chosen environment's model."""
+    able, needs = has
+    envs = {n: e for n, e in registry.environments().items() if able(e)}
     models = {env.name: model_of(env) for env in envs.values()}
     fields = _fields(models)
     everyone = set(envs)
@@ -132,7 +133,7 @@ def options_command(
             raise CommandError(str(exc), 2) from None
         if env.name not in models:
             raise CommandError(
-                f"the {env.name} environment cannot {name} (it has no {part.__name__} part); "
+                f"the {env.name} environment cannot {name} (it has no {needs}); "
                 f"environments that can: {', '.join(models) or 'none'}",
                 2,
             )

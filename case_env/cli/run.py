@@ -11,7 +11,7 @@ import typer
 
 from case_env.cli.groups import LAUNCHER_ARGS, app, fail, train_app
 from case_env.core import registry
-from case_env.core.parts import Baselines, evaluation_of
+from case_env.core.parts import evaluation_of
 
 if TYPE_CHECKING:
     from case_env.eval.openai_agent import ModelSettings
@@ -221,9 +221,7 @@ def eval_(
     from case_env.eval.openai_agent import ModelSettings
     from case_env.eval.runner import OPENAI, run_eval
 
-    known = {
-        a for env in registry.environments().values() if isinstance(env, Baselines) for a in env.baselines
-    } | {OPENAI}
+    known = {a for env in registry.environments().values() for a in evaluation_of(env).baselines} | {OPENAI}
     if agent not in known:
         fail(f"unknown agent {agent!r}; choose one of {', '.join(sorted(known))}", 2)
     model = None

@@ -1,11 +1,13 @@
 """The optional parts of an environment: what some environments have and the generic layers use when they do.
 
 The serving core (`case_env.core.environment.Environment`) is what every environment needs to be served and
-scored. Everything else is a part here, each a small abstract class an environment subclasses beside
-`Environment` when it has one (`class ClinicEnvironment(Environment, Banks, Synthesis, ...)`). A generic layer
-asks `isinstance(env, Banks)` ("does it have one") and says what is missing when it has not; an environment
-that declares a part but leaves one of its methods out fails when the registry loads it, not when a command
-first calls the method.
+scored. Everything else is one of five parts here (`Data`, `Evaluation`, `Training`, `Benchmarks`,
+`Commands`; `TextCases` in core/text_cases.py is the sixth), each a class an environment subclasses beside
+`Environment` when it has one (`class ClinicEnvironment(Environment, TextCases, Data, Evaluation, ...)`). A
+generic layer asks `isinstance(env, Data)` ("does it have one") and says what is missing when it has not;
+inside a part, what is optional has a default that means "none" (no generator, no baselines, no dialogue). An
+environment that declares a part but leaves a method out that its settings need (`synth_options` without
+`synthesize`, say) fails when the registry loads it, not when a command first calls the method.
 
 The table of parts, their members and the commands that use them is `registry.parts_table()` (in
 docs/architecture.md).
@@ -42,8 +44,8 @@ class Variant:
     tools: bool = True  # offer the row's tools
     max_turns: int | None = None  # another turn budget than the environment's
     sample: int | None = None  # one of several independent samples of the row: which one
-    # in a row whose loop is a dialogue (`Dialogue`): plain text goes to the listener; False: it ends the
-    # episode (a protocol that plays a recorded conversation's end, with no one left to answer)
+    # in a row whose loop is a conversation (`Training.listener`): plain text goes to the listener; False: it
+    # ends the episode (a protocol that plays a recorded conversation's end, with no one left to answer)
     speak: bool = True
 
 
@@ -128,11 +130,18 @@ class BankBuild:
 PolicyFactory = Callable[[Item, Variant, int], Policy]
 
 
-class Banks(ABC):
-    """A bank builder: `case-env bank build` takes its options from `bank_options`."""
+class Data(ABC):
+    """Its banks (`case-env bank build` takes its options from `bank_options`), its part of `case-env data
+    check`, and a synthetic generator when `synth_options` is set (`case-env synth --env NAME`)."""
 
     bank_options: ClassVar[type[BankOptions]] = BankOptions
     required_extra: ClassVar[tuple[str, ...]] = ()  # extra_info keys its rows need beyond the common ones
+    synth_options: ClassVar[type[SynthOptions] | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.synth_options is not None and cls.synthesize is Data.synthesize:
+            raise TypeError(f"{cls.__name__} sets synth_options but defines no synthesize")
 
     @abstractmethod
     def build_bank(self, options: BankOptions) -> BankBuild: ...
@@ -141,43 +150,38 @@ class Banks(ABC):
         """Problems of one row beyond the common schema (for `bank validate`)."""
         return []
 
-
-class DataChecks(ABC):
-    """Its part of `case-env data check`."""
-
-    @abstractmethod
     def check_data(self, root: Path) -> DataCheck | None:
         """`case-env data check` of this environment's part of a root; None when the root has none."""
+        return None
 
-
-class Synthesis(ABC):
-    """A synthetic generator with a typed options model (`case-env synth --env NAME`)."""
-
-    synth_options: ClassVar[type[SynthOptions]] = SynthOptions
-
-    @abstractmethod
     def synthesize(self, options: SynthOptions, echo: Callable[[str], object]) -> None:
         """Write synthetic cases, telling `echo` what was written."""
+        raise NotImplementedError(f"{type(self).__name__} has no synthetic generator")
 
 
-class Baselines(ABC):
-    """Scripted baselines (`case-env eval --agent NAME`; `loop_agent` is the one `case-env rollouts` plays
-    through verl's agent loop). Not verl's `agent_name`, which names the agent loop a row runs in."""
+class Evaluation:
+    """How `case-env eval` rolls rows out and summarises them (without the part, each row once and the mean
+    reward), its scripted baselines and the model-fault codes its tools name."""
 
+    # Scripted baselines (`case-env eval --agent NAME`, made by `policy_factory`); `loop_agent` is the one
+    # `case-env rollouts` plays through verl's agent loop. Not verl's `agent_name`, which names a row's loop.
     baselines: ClassVar[tuple[str, ...]] = ()
     loop_agent: ClassVar[str] = ""
     # baselines a model must beat to show it uses what it is given (a guess, no tools): `rollouts --model`
     # plays them on the model's rows
     floors: ClassVar[tuple[str, ...]] = ()
+    # codes of model faults it names for itself (a `ToolError` may carry any string; these are the ones
+    # /openapi.json lists beside the shared `ErrorCode`s)
+    fault_codes: ClassVar[tuple[str, ...]] = ()
 
-    @abstractmethod
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.baselines and cls.policy_factory is Evaluation.policy_factory:
+            raise TypeError(f"{cls.__name__} names baselines but defines no policy_factory")
+
     def policy_factory(self, agent: str, bank: Path, seed: int) -> PolicyFactory:
         """A scripted baseline: made per rollout from (item, variant, repeat)."""
-
-
-class Evaluation:
-    """How `case-env eval` rolls rows out and summarises them; without the part, each row once and the
-    mean reward."""
+        raise ValueError(f"{type(self).__name__} has no scripted agent {agent!r}")
 
     max_turns: ClassVar[int] = 16
     # A model's temperature for independent samples (`Variant.sample`) when the user sets none: above 0, so
@@ -221,13 +225,6 @@ _PLAIN = Evaluation()
 def evaluation_of(env: object) -> Evaluation:
     """The environment's `Evaluation` part, else the plain one: `eval`, its report and its summary agree."""
     return env if isinstance(env, Evaluation) else _PLAIN
-
-
-class Faults:
-    """Codes of model faults an environment names for itself (a `ToolError` may carry any string; these are
-    the ones /openapi.json lists beside the shared `ErrorCode`s)."""
-
-    fault_codes: ClassVar[tuple[str, ...]] = ()
 
 
 # One episode's calls, (tool, arguments), drawn with the generator it is given.
@@ -349,20 +346,6 @@ class ServerBenchOptions(BaseModel):
             raise ValueError(f"the {env} server benchmark takes no {flags}")
 
 
-class Judged:
-    """Its reward may ask the language-model judge (`CASE_ENV_JUDGE_URL`, `core.llm.default_judge`): a run
-    with a judge configured gets verl's rate-limited reward manager (concurrency, requests and tokens per
-    minute), which awaits the coroutine reward."""
-
-    # the CASE_ENV_* setting that runs its reward without a judge, said out loud (preflight names it)
-    rule_graded: ClassVar[str] = ""
-
-    def asks_judge(self, settings: Mapping[str, str]) -> bool:
-        """Whether its reward asks the judge under the workers' `CASE_ENV_*` settings (a weight that turns
-        the judged part on, say)."""
-        return True
-
-
 @dataclass(frozen=True)
 class Recipe:
     """A training recipe: the verl overrides that differ from the launcher's base recipe, and the defaults
@@ -392,41 +375,50 @@ class SFTRecipe:
     tools_as_text: bool = True  # calls as <tool_call> text, results as user turns, no tool schemas
 
 
-class Recipes:
-    """Training recipes of its own beside the base one (`case-env train run --recipe NAME`), and supervised
-    stages (`scripts/train_sft.sh --recipe NAME`)."""
+class Training:
+    """How it trains: recipes of its own beside the launcher's base one (`case-env train run --recipe NAME`)
+    and supervised stages (`scripts/train_sft.sh --recipe NAME`); verl agent loops of its own; whether its
+    reward asks the judge; and, when `listener` is set, episodes that are conversations."""
 
     recipes: ClassVar[Mapping[str, Recipe]] = {}
     sft_recipes: ClassVar[Mapping[str, SFTRecipe]] = {}
-
-
-class AgentLoops:
-    """verl agent loops of its own (`AgentLoopBase` subclasses, by dotted class path), which its bank rows name
-    in `agent_name`; the launcher lists them in the file `rollout.agent.agent_loop_config_path` points to."""
-
+    # verl agent loops (`AgentLoopBase` subclasses, by dotted class path), which its bank rows name in
+    # `agent_name`; the launcher lists them in the file `rollout.agent.agent_loop_config_path` points to
     agent_loops: ClassVar[Mapping[str, str]] = {}
-
-
-class Dialogue(ABC):
-    """Episodes that are conversations, in the manner of a consultation: a turn without a tool call is said to
-    someone the server plays (the `listener` tool answers it, the text as its `said` argument) and the reply
-    comes back as a user turn; every tool call of a turn runs; a turn for which `ends` holds closes the
-    episode, with or without calls."""
-
-    listener: ClassVar[str]
-    said: ClassVar[str]
+    # Its reward may ask the language-model judge (`CASE_ENV_JUDGE_URL`, `core.llm.default_judge`): a run with
+    # a judge configured gets verl's rate-limited reward manager, which awaits the coroutine reward.
+    judged: ClassVar[bool] = False
+    rule_graded: ClassVar[str] = ""  # the CASE_ENV_* setting that runs its reward without a judge
+    # A conversation, in the manner of a consultation: a turn without a tool call is said to someone the server
+    # plays (the `listener` tool answers it, the text as its `said` argument) and the reply comes back as a
+    # user turn; every tool call of a turn runs; a turn for which `ends` holds closes the episode.
+    listener: ClassVar[str] = ""
+    said: ClassVar[str] = ""
     # what a call of a tool the row does not offer gets back (the server is not called)
     not_offered: ClassVar[str] = "This tool is not available."
-    closing: ClassVar[str]  # a final turn's answer in the environment's own form (rehearsals end with it)
+    closing: ClassVar[str] = (
+        ""  # a final turn's answer in the environment's own form (rehearsals end with it)
+    )
 
-    @abstractmethod
-    def ends(self, text: str) -> bool: ...
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.listener and cls.ends is Training.ends:
+            raise TypeError(f"{cls.__name__} names a listener but defines no ends")
+
+    def asks_judge(self, settings: Mapping[str, str]) -> bool:
+        """Whether its reward asks the judge under the workers' `CASE_ENV_*` settings (a weight that turns
+        the judged part on, say)."""
+        return self.judged
+
+    def ends(self, text: str) -> bool:
+        """Whether a conversation's turn closes the episode."""
+        return False
 
 
-def dialogue_of(env: object, agent_name: str | None) -> Dialogue | None:
-    """The environment's dialogue rules when a row's agent loop is one of the environment's own, else None
+def dialogue_of(env: object, agent_name: str | None) -> Training | None:
+    """The environment's conversation rules when a row's agent loop is one of the environment's own, else None
     (verl's stock loops end an episode at the first reply without a tool call)."""
-    if isinstance(env, Dialogue) and isinstance(env, AgentLoops) and agent_name in env.agent_loops:
+    if isinstance(env, Training) and env.listener and agent_name in env.agent_loops:
         return env
     return None
 

@@ -20,20 +20,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, create_model
 
 from case_env.core.environment import Environment
-from case_env.core.parts import (
-    AgentLoops,
-    Banks,
-    Baselines,
-    Benchmarks,
-    Commands,
-    DataChecks,
-    Dialogue,
-    Evaluation,
-    Faults,
-    Judged,
-    Recipes,
-    Synthesis,
-)
+from case_env.core.parts import Benchmarks, Commands, Data, Evaluation, Training, evaluation_of
 from case_env.core.text_cases import TextCases
 from case_env.core.tools import MODEL_FAULTS, ToolSpec
 
@@ -44,18 +31,11 @@ log = logging.getLogger("case_env.registry")
 # Every optional part and the commands that use it: `case-env envs --verbose` names an environment's parts, and
 # docs/architecture.md's table of parts is `parts_table()`.
 PARTS: dict[type, str] = {
-    Banks: "`bank build`, `bank validate`",
+    Data: "`bank build`, `bank validate`, `data check`, `synth`",
     TextCases: "`serve`, `bank build`, `data check`",
-    DataChecks: "`data check`",
-    Synthesis: "`synth`",
-    Baselines: "`eval --agent`, `rollouts`",
-    Evaluation: "`eval`, `report`",
-    Faults: "/openapi.json",
+    Evaluation: "`eval --agent`, `report`, `rollouts`, /openapi.json",
+    Training: "`train run`, `train preflight`, `train_sft.sh`, `rollouts`, `eval`",
     Benchmarks: "`bench ...`",
-    Judged: "`train run`, `train preflight`",
-    Recipes: "`train run`, `train preflight`, `train_sft.sh`",
-    AgentLoops: "`train run`, `train preflight`, `rollouts`",
-    Dialogue: "`eval`, its agent loops",
     Commands: "the command line",
 }
 
@@ -196,8 +176,9 @@ def row_extra() -> type[BaseModel]:
 
 
 def own_faults(hosted: Iterable[Environment]) -> list[str]:
-    """The model-fault codes the `hosted` environments name for themselves (their `Faults` parts), in order."""
-    return [str(c) for env in hosted if isinstance(env, Faults) for c in env.fault_codes]
+    """The model-fault codes the `hosted` environments name for themselves (`Evaluation.fault_codes`), in
+    order."""
+    return [str(c) for env in hosted for c in evaluation_of(env).fault_codes]
 
 
 def model_faults() -> frozenset[str]:

@@ -14,7 +14,7 @@ from pydantic import BaseModel
 from case_env.core.bank import BankRow, rows_by_split
 from case_env.core.environment import Environment
 from case_env.core.errors import CommandError
-from case_env.core.parts import BankBuild, BankOptions, Banks, DataCheck, DataChecks, TextBankOptions
+from case_env.core.parts import BankBuild, BankOptions, Data, DataCheck, TextBankOptions
 from case_env.core.problems import Problems
 from case_env.core.tools import ToolContext
 from case_env.settings import DataSettings
@@ -29,7 +29,7 @@ def case_paths(setting: str | None, data_root: Path | None, folder: str) -> list
     return paths
 
 
-class TextCases(DataChecks):
+class TextCases(Data):
     """Cases read from text files: `--cases NAME=PATH` and CASE_ENV_<NAME>_CASES for the server, `--cases` for
     a bank, else `<data root>/<name>/`. `load_cases(paths)` returns an object with `cases` (each with a
     `case_id`) and `problems` (rows that could not be read, with the reason)."""
@@ -125,7 +125,7 @@ def served_cases(env: TextCases, data_root: Path | None) -> CaseTable:
     return CaseTable(loaded.cases, loaded.problems)
 
 
-class TextCaseEnvironment(Environment, TextCases, Banks):
+class TextCaseEnvironment(Environment, TextCases):
     """An environment of cases read from text files with one bank row per case. It writes `load_cases`,
     `case_row` and `score`; the server's table of cases, the tools' `CaseContext` (`ctx.case()`) and the bank's
     splits by case come from here."""

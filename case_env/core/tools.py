@@ -33,8 +33,8 @@ from case_env.core.control import excerpt
 
 class ErrorCode(StrEnum):
     """Why a call failed. Model faults come back as `ok: false` text; service faults as HTTP statuses. An
-    environment names its own model faults with its own codes (any string a `ToolError` carries, listed by its
-    `Faults` part); every `ToolError` is a model fault, whatever its code."""
+    environment names its own model faults with its own codes (any string a `ToolError` carries, listed in its
+    `Evaluation.fault_codes`); every `ToolError` is a model fault, whatever its code."""
 
     INVALID_ARGUMENTS = "invalid_arguments"
     UNKNOWN_TOOL = "unknown_tool"

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from case_env.core import registry
 from case_env.core.bank import AGENT_NAMES, REQUIRED_COLUMNS, REQUIRED_EXTRA, BankError, ExtraInfo, read_bank
-from case_env.core.parts import AgentLoops, Banks
+from case_env.core.parts import Data, Training
 
 
 @dataclass
@@ -64,7 +64,7 @@ def _check_row(row: dict, tool_names: set[str]) -> list[str]:
             error = f"extra_info.env: {exc}"
     # an environment's own agent loop may open with a system message alone (a consultation: the doctor speaks
     # first); verl's stock loops generate an answer to the user's message
-    own = env.agent_loops if isinstance(env, AgentLoops) else {}
+    own = env.agent_loops if isinstance(env, Training) else {}
     if (
         not isinstance(prompt, list)
         or not prompt
@@ -78,7 +78,7 @@ def _check_row(row: dict, tool_names: set[str]) -> list[str]:
         problems.append(f"agent_name is {row.get('agent_name')!r}, expected {' or '.join(names)}")
     if error or env is None:
         return [*problems, error or "extra_info is missing"]
-    required = (*REQUIRED_EXTRA, *(env.required_extra if isinstance(env, Banks) else ()))
+    required = (*REQUIRED_EXTRA, *(env.required_extra if isinstance(env, Data) else ()))
     missing = [k for k in required if k not in extra]
     if missing:
         problems.append(f"extra_info lacks {', '.join(missing)}")
@@ -90,7 +90,7 @@ def _check_row(row: dict, tool_names: set[str]) -> list[str]:
                 problems += [
                     f"extra_info.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:3]
                 ]
-    if isinstance(env, Banks):
+    if isinstance(env, Data):
         problems += env.check_row(row, extra)
     if (
         truth

@@ -30,7 +30,7 @@ from case_env.core.bank import Item, load_items
 from case_env.core.calls import FIELD, Call
 from case_env.core.client import RetryPolicy, ToolClient
 from case_env.core.environment import Environment
-from case_env.core.parts import Baselines, PolicyFactory, Variant, dialogue_of, evaluation_of
+from case_env.core.parts import PolicyFactory, Variant, dialogue_of, evaluation_of
 from case_env.core.policy import Observation, Turn
 from case_env.eval.openai_agent import ModelSettings, OpenAIPolicy, chat_client
 from case_env.eval.report import write_report
@@ -49,7 +49,7 @@ def bank_environment(items: list[Item]) -> Environment:
 
 
 def agents_of(env: Environment) -> tuple[str, ...]:
-    return (*(env.baselines if isinstance(env, Baselines) else ()), OPENAI)
+    return (*evaluation_of(env).baselines, OPENAI)
 
 
 def samples_per_row(env: Environment, items: list[Item]) -> int:
@@ -126,8 +126,7 @@ def _policies(
             f"agent {agent!r} does not play a {env.title} bank; choose one of {', '.join(agents_of(env))}"
         )
     if agent != OPENAI:
-        assert isinstance(env, Baselines)  # agents_of lists scripted agents only of environments with them
-        scripted: PolicyFactory = env.policy_factory(agent, bank, seed)
+        scripted: PolicyFactory = evaluation_of(env).policy_factory(agent, bank, seed)
         return lambda item, variant, _tools, repeat: scripted(item, variant, repeat)
     if model is None:
         raise ValueError("the openai agent needs --model-url and --model")

@@ -13,8 +13,8 @@ CASE_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
 
 
 class ErrorInfo(BaseModel):
-    # a shared code (ErrorCode) or a model fault of the call's environment (`Faults`); /openapi.json lists
-    # the hosted ones (server/contract.py)
+    # a shared code (ErrorCode) or a model fault of the call's environment (`Evaluation.fault_codes`);
+    # /openapi.json lists the hosted ones (server/contract.py)
     code: str = Field(description="Machine-readable reason.")
     message: str = Field(description="One line, readable by a model or a person; never a path or traceback.")
 

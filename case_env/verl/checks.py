@@ -673,10 +673,10 @@ def judge(env: Any, env_vars: dict[str, str], live: bool, nodes: int = 1) -> Che
     every row, silently, and on several nodes it is reachable from each (verl spreads its reward workers over
     every node: a loopback judge would answer one node's rows, the others' would fall back one by one).
     Live, the judge is asked one question."""
-    from case_env.core.parts import Judged
+    from case_env.core.parts import Training
 
     name = "judge"
-    if not isinstance(env, Judged) or not env.asks_judge(env_vars):
+    if not isinstance(env, Training) or not env.asks_judge(env_vars):
         return Check(name, PASS, f"the {env.title} reward asks no judge under this run's settings")
     url = env_vars.get("CASE_ENV_JUDGE_URL")
     if not url:

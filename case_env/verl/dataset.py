@@ -27,7 +27,7 @@ from verl.utils.dataset.rl_dataset import RLHFDataset
 from verl.utils.tokenizer import build_multimodal_processor_inputs, normalize_token_ids
 
 from case_env.core import registry
-from case_env.core.parts import AgentLoops
+from case_env.core.parts import Training
 
 
 class _DecodedRows:
@@ -67,11 +67,12 @@ def offered_tools(row: dict, schemas: list[dict]) -> list[dict]:
 
 @functools.cache
 def loop_class(agent_name: str) -> type:
-    """The agent loop a row names: an environment's own (`AgentLoops`), else case-env's `tool_agent`."""
+    """The agent loop a row names: an environment's own (`Training.agent_loops`), else case-env's
+    `tool_agent`."""
     from case_env.verl.loop import CaseToolAgentLoop
 
     for env in registry.environments().values():
-        if isinstance(env, AgentLoops) and agent_name in env.agent_loops:
+        if isinstance(env, Training) and agent_name in env.agent_loops:
             module, _, name = env.agent_loops[agent_name].rpartition(".")
             return getattr(importlib.import_module(module), name)
     return CaseToolAgentLoop

@@ -33,7 +33,7 @@ import httpx
 import case_env.reward
 from case_env.core import registry
 from case_env.core.bank import bank_sources, split_file
-from case_env.core.parts import AgentLoops, Judged, Recipes
+from case_env.core.parts import Training
 from case_env.reward import score_deadline_s
 from case_env.server.control import is_loopback
 from case_env.verl import steps
@@ -193,7 +193,7 @@ class Plan:
     def judged(self) -> bool:
         """The bank's rewards ask a judge and the workers are told where it is."""
         envs = map(registry.get, bank_envs(self.args.data.resolve()))
-        asks = any(isinstance(env, Judged) and env.asks_judge(self.env_vars) for env in envs)
+        asks = any(isinstance(env, Training) and env.asks_judge(self.env_vars) for env in envs)
         return asks and bool(self.env_vars.get("CASE_ENV_JUDGE_URL"))
 
     def _reward_manager(self) -> list[str]:
@@ -336,7 +336,7 @@ def turn_limits(name: str) -> dict[str, str]:
     (a published system's, say), else the launcher's base values."""
     env = registry.get(name)
     limits = dict(BASE_TURNS)
-    for recipe in env.recipes.values() if isinstance(env, Recipes) else ():
+    for recipe in env.recipes.values() if isinstance(env, Training) else ():
         limits.update({k: v for k, v in recipe.overrides.items() if k in TURN_KEYS})
     return limits
 
@@ -359,11 +359,11 @@ def mix_problems(envs: list[str]) -> list[str]:
 def agent_loop_overrides(data: Path, folder: Path, max_failed_rollouts: float) -> list[str]:
     """The agent loops verl registers in every AgentLoopWorker (`rollout.agent.agent_loop_config_path`), listed
     in a file in `folder` (where the tool YAML went: beside the bank, or a dry run's temporary copy): case-env's
-    `tool_agent` (`case_env.verl.loop`) in place of verl's, and the bank's environments' own (`AgentLoops`);
+    `tool_agent` (`case_env.verl.loop`) in place of verl's, and the bank's environments' own (`Training.agent_loops`);
     rows choose by `agent_name`."""
     loops = {"tool_agent": "case_env.verl.loop.CaseToolAgentLoop"}
     for env in map(registry.get, bank_envs(data)):
-        if isinstance(env, AgentLoops):
+        if isinstance(env, Training):
             loops.update(env.agent_loops)
     path = folder / "verl_agent_loops.yaml"
     path.write_text(

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from case_env.core import registry
 from case_env.core.calls import FIELD
-from case_env.core.parts import Baselines
+from case_env.core.parts import evaluation_of
 from case_env.lm.engine import Engine
 from case_env.lm.prepare import resolve
 from case_env.verl.local_model import LocalServer
@@ -155,7 +155,7 @@ def _floors(
     env, items: list[dict], tools: list, concurrency: int, form: str, bank: Path
 ) -> dict[str, dict[str, float]]:
     """Accuracy of each of the environment's floors on the same rows, through the same loop."""
-    floors = env.floors if isinstance(env, Baselines) else ()
+    floors = evaluation_of(env).floors
     result: dict[str, dict[str, float]] = {}
     for floor in floors:
         played = asyncio.run(

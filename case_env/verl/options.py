@@ -16,10 +16,10 @@ import typer
 from case_env.core import registry
 from case_env.core.calls import FORMATS
 from case_env.core.commands import plain_app
-from case_env.core.parts import Recipe, Recipes
+from case_env.core.parts import Recipe, Training
 
 # A recipe is the overrides that differ from the base recipe (`grpo`, ours); environments add their own
-# (`case_env.core.parts.Recipes`).
+# (`case_env.core.parts.Training`).
 BASE = Recipe({}, group_size=8, epochs=3, rollout="vllm", summary="ours")
 TEMPLATE_CHOICES = ("auto", "model", "shipped")
 REWARD_MANAGERS = ("auto", "naive", "rate_limited")
@@ -37,7 +37,7 @@ def recipes() -> dict[str, Recipe]:
     """Every recipe: the base one, then each environment's."""
     found = {"grpo": BASE}
     for env in registry.environments().values():
-        if isinstance(env, Recipes):
+        if isinstance(env, Training):
             found.update(env.recipes)
     return found
 

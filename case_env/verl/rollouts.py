@@ -3,11 +3,11 @@ language model generating on this machine.
 
 This is the main job of `make demo` on a machine without GPUs: the same tool YAML, dataset class, adapter
 and reward function a GRPO run uses, with the model replaced by the row's environment's scripted baseline
-(`Baselines.loop_agent`), writing its tool calls in the loop's format (`hermes` or `qwen3_coder`), so every
+(`Evaluation.loop_agent`), writing its tool calls in the loop's format (`hermes` or `qwen3_coder`), so every
 part between the dataset row and the reward is exercised for real. With a model (`--model`), its own tokens
 go through the same loops (`local_model.LocalServer`), and the report says what it wrote: turns whose call
 verl's parser reads, calls the server accepted, tokens per turn, and the environment's floors
-(`Baselines.floors`) played on the same rows.
+(`Evaluation.floors`) played on the same rows.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from verl.tools.tool_registry import load_all_tools
 from case_env.core import registry
 from case_env.core.bank import Item
 from case_env.core.calls import FIELD
-from case_env.core.parts import Baselines, Variant, dialogue_of
+from case_env.core.parts import Variant, dialogue_of, evaluation_of
 from case_env.core.policy import LoopPolicy
 from case_env.verl.config import path_for, write
 from case_env.verl.dataset import CaseRLHFDataset
@@ -119,9 +119,10 @@ def policy_for(
         item["reward_model"]["ground_truth"],
         item["extra_info"],
     )
-    if not isinstance(env, Baselines) or not (agent or env.loop_agent):
+    evaluation = evaluation_of(env)
+    if not (agent or evaluation.loop_agent):
         raise ValueError(f"the {env.name} environment has no scripted baseline to play through verl")
-    policy = env.policy_factory(agent or env.loop_agent, bank, 0)(row, Variant(), 0)
+    policy = evaluation.policy_factory(agent or evaluation.loop_agent, bank, 0)(row, Variant(), 0)
     return LoopPolicy(policy, form, listener_of(item))
 
 

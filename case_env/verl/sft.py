@@ -1,6 +1,6 @@
 """The supervised stage before RL on verl 0.9.1's SFT trainer (used by scripts/train_sft.sh).
 
-`--recipe NAME` is an environment's SFT recipe (`case_env.core.parts.Recipes.sft_recipes`). `--data` is a
+`--recipe NAME` is an environment's SFT recipe (`case_env.core.parts.Training.sft_recipes`). `--data` is a
 conversation file in any of the shapes this project meets: records with a `conversation` in the OpenAI chat
 format (a published system's SFT file), a CASE trajectory JSONL or an eval run's folder (`messages`), or the
 parquet `case-env traj to-sft` writes. Its conversations become a parquet of `messages` beside the input,
@@ -28,7 +28,7 @@ import typer
 
 from case_env.core import registry
 from case_env.core.calls import chat_call
-from case_env.core.parts import Recipes, SFTRecipe
+from case_env.core.parts import SFTRecipe, Training
 from case_env.core.sft_data import sft_rows
 from case_env.verl import launch
 from case_env.verl.options import command, read
@@ -37,7 +37,7 @@ from case_env.verl.options import command, read
 def sft_recipes() -> dict[str, SFTRecipe]:
     found: dict[str, SFTRecipe] = {}
     for env in registry.environments().values():
-        if isinstance(env, Recipes):
+        if isinstance(env, Training):
             found.update(env.sft_recipes)
     return found
 

@@ -15,15 +15,12 @@ from case_env.core.environment import Environment, Score
 from case_env.core.parts import (
     BankBuild,
     BankOptions,
-    Banks,
-    Baselines,
     Benchmarks,
     Evaluation,
-    Judged,
     PolicyFactory,
-    Synthesis,
     SynthOptions,
     TextBankOptions,
+    Training,
     Variant,
 )
 from case_env.core.personas import Personas
@@ -56,9 +53,7 @@ class ReasoningBankOptions(TextBankOptions):
     )
 
 
-class CaseReasonEnvironment(
-    Environment, TextCases, Banks, Synthesis, Baselines, Evaluation, Judged, Benchmarks
-):
+class CaseReasonEnvironment(Environment, TextCases, Evaluation, Training, Benchmarks):
     name = "casereason"
     title = "case-reasoning"
     summary = (
@@ -72,6 +67,8 @@ class CaseReasonEnvironment(
     score_extra = ReasoningScoreExtra
     bank_options = ReasoningBankOptions
     required_extra = ("casereason", *CASE_EXTRA)
+    synth_options = SynthOptions
+    judged = True  # MedCaseReasoning's yes/no judge
     baselines = ("reader", "symptoms")
     loop_agent = "reader"
     max_turns = evaluation.ATTEMPTS + 2

@@ -25,7 +25,7 @@ from verl.experimental.agent_loop.tool_agent_loop import AgentData, AgentState
 
 from case_env.core import registry
 from case_env.core.answers import final_segment
-from case_env.core.parts import Dialogue
+from case_env.core.parts import Training
 from case_env.envs.clinic.bank import LOOP
 from case_env.envs.clinic.context import MAX_TEXT
 from case_env.verl.loop import CaseToolAgentLoop
@@ -45,7 +45,7 @@ class MedExAgentLoop(CaseToolAgentLoop):
         # agent-loop file cuts it as verl cuts a tool's text (`max_tool_response_length`), for a tight budget
         self.cut_replies = cut_replies
         env = registry.get("clinic")
-        assert isinstance(env, Dialogue)
+        assert isinstance(env, Training) and env.listener
         self.dialogue = env
         self.render_tools = render_tools
         # MedExAgent checks the user-turn limit only before the patient speaks, never after a generation

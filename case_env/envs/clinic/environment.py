@@ -15,22 +15,16 @@ from case_env.core.bank import CASE_EXTRA, Item
 from case_env.core.calls import Call
 from case_env.core.environment import Environment, Score
 from case_env.core.parts import (
-    AgentLoops,
     BankBuild,
     BankOptions,
-    Banks,
-    Baselines,
     Benchmarks,
-    Dialogue,
     Evaluation,
-    Judged,
     PolicyFactory,
     Recipe,
-    Recipes,
     SFTRecipe,
-    Synthesis,
     SynthOptions,
     TextBankOptions,
+    Training,
     Variant,
 )
 from case_env.core.personas import Personas
@@ -139,19 +133,7 @@ MEDEXAGENT_SFT = SFTRecipe(
 )
 
 
-class ClinicEnvironment(
-    Environment,
-    TextCases,
-    Banks,
-    Synthesis,
-    Baselines,
-    Evaluation,
-    Recipes,
-    AgentLoops,
-    Dialogue,
-    Judged,
-    Benchmarks,
-):
+class ClinicEnvironment(Environment, TextCases, Evaluation, Training, Benchmarks):
     name = "clinic"
     title = "clinic"
     summary = "MedExAgent: its agent loop, prompt, exam tools, reward, noise and evaluation; talk to the patient, order exams at a cost, diagnose."
@@ -172,6 +154,7 @@ class ClinicEnvironment(
     recipes: ClassVar[dict[str, Recipe]] = {"medexagent": MEDEXAGENT}
     sft_recipes: ClassVar[dict[str, SFTRecipe]] = {"medexagent": MEDEXAGENT_SFT}
     agent_loops: ClassVar[dict[str, str]] = {"medexagent": "case_env.envs.clinic.agent_loop.MedExAgentLoop"}
+    judged = True  # MedExAgent's diagnosis judge
     # the patient hears the doctor's plain text (MedExAgent's Interaction, played by ask_patient)
     listener = "ask_patient"
     said = "question"

@@ -19,21 +19,16 @@ from case_env.core.errors import CommandError
 from case_env.core.parts import (
     BankBuild,
     BankOptions,
-    Banks,
-    Baselines,
     Benchmarks,
     Commands,
+    Data,
     DataCheck,
-    DataChecks,
     Evaluation,
-    Faults,
-    Judged,
     PolicyFactory,
     Recipe,
-    Recipes,
     ServerBenchOptions,
-    Synthesis,
     SynthOptions,
+    Training,
     Variant,
 )
 from case_env.core.personas import Personas
@@ -82,19 +77,7 @@ class ImagingBankOptions(BankOptions):
     )
 
 
-class ImagingEnvironment(
-    Environment,
-    Banks,
-    DataChecks,
-    Synthesis,
-    Baselines,
-    Evaluation,
-    Faults,
-    Benchmarks,
-    Judged,
-    Recipes,
-    Commands,
-):
+class ImagingEnvironment(Environment, Data, Evaluation, Training, Benchmarks, Commands):
     name = "imaging"
     title = "imaging"
     summary = (

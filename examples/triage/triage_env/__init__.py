@@ -15,7 +15,7 @@ from case_env.core.answers import final_segment, last_answer
 from case_env.core.bank import BankRow, ExtraInfo
 from case_env.core.environment import Score
 from case_env.core.frozen import FrozenDraw
-from case_env.core.parts import Baselines, Synthesis, SynthOptions
+from case_env.core.parts import Evaluation, SynthOptions
 from case_env.core.personas import Personas
 from case_env.core.policy import Turn
 from case_env.core.text_cases import Loaded, TextCaseEnvironment
@@ -64,12 +64,13 @@ class Nurse:
         return Turn(f"<answer>{patient.level}</answer>")
 
 
-class TriageEnvironment(TextCaseEnvironment, Synthesis, Baselines):
+class TriageEnvironment(TextCaseEnvironment, Evaluation):
     name = "triage"
     title = "triage"
     summary = "Example: decide urgent or routine from vital signs (one tool, one persona)."
     tools = Tools("triage_env.tools")
     personas = Personas("triage_env.personas")
+    synth_options = SynthOptions
     baselines = ("nurse",)
     loop_agent = "nurse"
 
@@ -101,7 +102,7 @@ class TriageEnvironment(TextCaseEnvironment, Synthesis, Baselines):
         user = "A patient has arrived. Urgent or routine?"
         return BankRow.chat(nurse.data_source, nurse.system_prompt, user, "triage", extra)
 
-    def score(self, solution_str: str, ground_truth: str, extra_info: dict | None) -> Score:
+    async def score(self, solution_str: str, ground_truth: str, extra_info: dict | None) -> Score:
         answer = (last_answer(final_segment(solution_str)) or "").strip().lower()
         right = float(answer == ground_truth)
         return Score(right, right, answer, answer in ("urgent", "routine"))
