@@ -27,7 +27,7 @@ from case_env.core.bank import write
 from case_env.core.commands import run
 from case_env.envs.clinic.bank import build
 from case_env.envs.clinic.noise import NoiseConfig
-from case_env.envs.clinic.reward import RewardWeights
+from case_env.envs.clinic.reward import RewardRules
 from case_env.envs.clinic.synth import make_cases, write_csv
 from case_env.eval.report import write_report
 from case_env.eval.runner import run_eval
@@ -75,15 +75,15 @@ def main(
             f"{'tool':>5s} {'cost':>5s} {'exam$':>6s} {'exams':>5s} {'n':>4s}"
         )
         for profile in profiles:
-            weights = RewardWeights(profile=profile)
+            rules = RewardRules(profile=profile)
             for level, (patient, exam) in LEVELS.items():
                 noise = NoiseConfig(seed=noise_seed, patient_rate=patient, exam_rate=exam)
                 name = f"{profile}-{level.replace(' ', '-')}"
                 bank = out / "banks" / name
                 write(
-                    build(made, seed, (1.0, 0.0, 0.0), noise, weights),
+                    build(made, seed, (1.0, 0.0, 0.0), noise, rules),
                     bank,
-                    {"env": "clinic", "noise": noise.model_dump(), "reward": weights.model_dump()},
+                    {"env": "clinic", "noise": noise.model_dump(), "reward": rules.model_dump()},
                 )
                 for agent in AGENTS:
                     run_dir = out / "runs" / f"{name}-{agent}"

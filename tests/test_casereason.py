@@ -219,6 +219,7 @@ def test_k_attempt_accounting_independent():
         "format_ok": True,
         "judge": "rules",
         "judge_fallback": 0.0,
+        "credit": 1.0,
         "recall": 0.0,
         "attempts": 1,
         "first_correct": 1,

@@ -59,6 +59,7 @@ def test_sequential_rows_through_tool_agent_loop_and_reward_manager(dataset, tmp
                 "format_ok",
                 "judge",
                 "judge_fallback",
+                "credit",
                 "recall",
                 "attempts",
                 "first_correct",

@@ -482,7 +482,11 @@ def test_envs_lists_tools_in_lines_a_terminal_shows_and_parts_only_when_asked():
     listed = run("envs").stdout
     assert "  tools (69): ask_patient, xray" in listed and "parts:" not in listed
     assert max(len(line) for line in listed.splitlines()) <= 100
-    assert "  parts: Data, " in run("envs", "--verbose").stdout
+    verbose = run("envs", "--verbose").stdout
+    assert "  parts: Data, " in verbose and "    exam_score: the exams: MedExAgent's tool match" in verbose
+    # each reward as the weighted sum of its components, MedExAgent's weights the clinic's defaults
+    assert "  reward: score = 1 dx + 0.5 exam_score - 0.1 cost + 0 format (defaults;" in listed
+    assert "  reward: score = 1 acc + 0 rubric (defaults;" in listed
 
 
 def test_rollouts_print_their_table_and_one_notice(dataset, bank):
@@ -527,3 +531,31 @@ def test_every_command_line_is_written_with_typer():
         if re.search(r"^\s*(import|from) argparse\b", p.read_text(encoding="utf-8"), re.M)
     ]
     assert not with_argparse
+
+
+def test_bank_build_gives_its_rows_reward_weights_and_refuses_a_component_the_reward_lacks(tmp_path):
+    import pyarrow.parquet as pq
+
+    from case_env.reward import score_row
+
+    root, out = tmp_path / "root", tmp_path / "bank"
+    assert run("synth", "--env", "casereason", "--out", str(root), "--patients", "12").returncode == 0
+    weights = ("--reward-weights", "recall=0.25")
+    built = run("bank", "build", "--env", "casereason", "--data-root", str(root), "--out", str(out), *weights)
+    assert built.returncode == 0, built.stderr
+    rows = pq.read_table(out / "train.parquet").to_pylist()
+    extras = [json.loads(r["extra_info"]) for r in rows]
+    assert extras and all(e["reward_weights"] == {"recall": 0.25} for e in extras)
+    assert json.loads((out / "bank.json").read_text())["reward_weights"] == {"recall": 0.25}
+    # the row's weight counts: a quarter of the recall joins the credit of the right first answer
+    truth = rows[0]["reward_model"]["ground_truth"]
+    text = f"<think>{' '.join(extras[0]['casereason']['statements'])}</think><answer>{truth}</answer>"
+    scored = score_row(rows[0]["data_source"], text, truth, extras[0])
+    assert scored["credit"] == 1.0 and scored["recall"] > 0
+    assert scored["score"] == pytest.approx(1.0 + 0.25 * scored["recall"])
+    wrong = run(
+        *("bank", "build", "--env", "casereason", "--data-root", str(root), "--out", str(tmp_path / "x")),
+        *("--reward-weights", "recal=1"),
+    )
+    assert wrong.returncode == 2 and not (tmp_path / "x").exists()
+    assert "the case-reasoning reward has no component 'recal'; choose among credit, recall" in wrong.stderr

@@ -130,7 +130,7 @@ def test_the_weight_adds_the_rubric_to_the_answer_and_only_then_asks_the_judge(m
     extra = {**EXTRA, **ONE_CALL, "env": "imaging"}
     plain = score_row("vista3d_opsd", HONEST, "A", extra)
     assert plain["score"] == 1.0 and plain["rubric"] == 1.0 and judge.asked == []
-    monkeypatch.setenv("CASE_ENV_IMAGING_RUBRIC_WEIGHT", "0.5")
+    extra["reward_weights"] = {"rubric": 0.5}  # the row's weight, as a bank or a recipe sets it
     weighted = score_row("vista3d_opsd", HONEST, "A", extra)
     assert len(judge.asked) == 1 and weighted["rubric_by"] == "judge"
     assert weighted["rubric"] == pytest.approx(2 / 3) and weighted["score"] == pytest.approx(1 + 0.5 * 2 / 3)
@@ -159,7 +159,7 @@ def test_values_match_at_the_precision_they_were_written():
     }
 
 
-def test_the_judge_at_an_endpoint_grades_through_the_coroutine_reward(judge_at, monkeypatch):  # noqa: F811
+def test_the_judge_at_an_endpoint_grades_through_the_coroutine_reward(judge_at):  # noqa: F811
     """verl's entry point with the judge at a loopback stand-in: one request per row, its grades in the
     reward, the rules' bound on a hack, and the same keys when the judge fails."""
     import asyncio
@@ -167,9 +167,8 @@ def test_the_judge_at_an_endpoint_grades_through_the_coroutine_reward(judge_at, 
     import case_env.reward
     from case_env.bench.standin import StandInProcess
 
-    monkeypatch.setenv("CASE_ENV_IMAGING_RUBRIC_WEIGHT", "0.5")
     reply = json.dumps({"values": 1, "grounded": 1, "follows": 0})
-    extra = {**EXTRA, **ONE_CALL, "env": "imaging"}
+    extra = {**EXTRA, **ONE_CALL, "env": "imaging", "reward_weights": {"rubric": 0.5}}
     hack, recorded = RUBRIC_HACKS["a value no tool returned"]
     with StandInProcess(reply=reply) as judge, judge_at(judge):
         honest = asyncio.run(case_env.reward.compute_score("vista3d_opsd", HONEST, "A", extra))

@@ -19,7 +19,6 @@ from tests.model_world import in_own_process
 @pytest.fixture(scope="module")
 def trained(world, tuned, tmp_path_factory, monkeypatch_module):
     # the rubric weighted, graded by its rules: rewards between 0 and 1.5 rarely tie within a group
-    monkeypatch_module.setenv("CASE_ENV_IMAGING_RUBRIC_WEIGHT", "0.5")
     monkeypatch_module.setenv("CASE_ENV_IMAGING_RUBRIC_GRADER", "rules")
     out = tmp_path_factory.mktemp("grpo")
     run = GRPORun(
@@ -41,6 +40,7 @@ def trained(world, tuned, tmp_path_factory, monkeypatch_module):
         # needs no recomputed activations
         train_layers=6,
         gradient_checkpointing=False,
+        reward_weights={"rubric": 0.5},
     )
     return in_own_process(run_grpo, run), out
 
@@ -65,6 +65,7 @@ def test_two_grpo_steps_reward_with_case_envs_reward_and_move_the_weights(traine
     calls = 0
     for r in rollouts:
         # the reward is case-env's for the row: recomputed from the text and the calls as they ran
+        assert r["extra_info"]["reward_weights"] == {"rubric": 0.5}  # the run's weight reached every row
         extra = {**r["extra_info"], "case_env_tool_calls": r["calls"]}
         again = score_row(r["data_source"], r["text"], r["ground_truth"], extra)
         assert again["score"] == pytest.approx(r["reward"]["score"]) and again["pred"] == r["reward"]["pred"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
+import json
 
 import pytest
 import torch
@@ -248,6 +249,8 @@ def test_tool_response_tokens_are_masked_as_verl_masks_them(played, bank, checkp
 def test_validation_rollouts_ask_no_teacher(played, bank, checkpoint):
     config, tokenizer, *_ = played
     batch, items = batch_of(config, tokenizer)
+    # the `case` recipe's rubric weight, in every row as verl's dataset yields it (the bank's rows have none)
+    assert {json.dumps(i["extra_info"]["reward_weights"]) for i in items} == {'{"rubric": 0.5}'}
     teacher = ScriptedTeacher()
     _w, out = asyncio.run(rollout(PrivilegedAgentLoopWorker, config, batch, items, teacher, validate=True))
     assert teacher.sent == [] and "teacher_logprobs" not in out.batch
@@ -279,13 +282,13 @@ def test_the_manager_builds_verls_manager_of_either_trainer_with_privileged_work
 
 @pytest.mark.parametrize(
     ("recipe", "opsd", "weight"),
-    [("case", True, "0.5"), ("case-abl-opsd", False, "0.5"), ("case-abl-rlaif", True, "0")],
+    [("case", True, 0.5), ("case-abl-opsd", False, 0.5), ("case-abl-rlaif", True, 0.0)],
 )
 def test_cases_recipes_compose_and_validate_with_verl(bank, checkpoint, recipe, opsd, weight):
     config = composed(bank, checkpoint, "--recipe", recipe)
     assert config.distillation.enabled is opsd
     assert config.trainer.total_epochs == 1 and config.actor_rollout_ref.rollout.n == 8
-    assert weight == config.ray_kwargs.ray_init.runtime_env.env_vars.CASE_ENV_IMAGING_RUBRIC_WEIGHT
+    assert config.data.reward_weights.rubric == weight  # every row's, as the dataset class loads it
     manager = config.actor_rollout_ref.rollout.agent.get("agent_loop_manager_class")
     assert (manager == "case_env.verl.distill.PrivilegedAgentLoops") is opsd
     # the teacher takes 4 of 8 by default: 64 prompts x 8 on 6 student GPUs would pad every step

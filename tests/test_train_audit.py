@@ -15,6 +15,7 @@ from case_env.core.bank import write
 from case_env.envs.clinic.bank import build as build_clinic
 from case_env.envs.clinic.noise import NoiseConfig
 from case_env.envs.clinic.synth import make_cases
+from case_env.envs.imaging.recipes import RECIPES
 from case_env.verl import checks, grpo
 from tests.chat_stub import ScriptedChat
 from tests.server_harness import serve_app
@@ -114,8 +115,10 @@ def test_b4_a_judged_recipe_without_a_judge_is_refused_or_said_rule_graded(bank,
 
         llm.default_judge.cache_clear()
         run = grpo.prepare(["--model", "m", "--data", str(bank), "--recipe", "case", "--batch-size", "48"])
-        assert checks.judge(registry.get(run.envs[0]), run.plan.env_vars, live=False).status == checks.SKIPPED
-        live = checks.judge(registry.get(run.envs[0]), run.plan.env_vars, live=True)
+        weights = RECIPES["case"].reward_weights  # the rubric weighted
+        found = checks.judge(registry.get(run.envs[0]), run.plan.env_vars, False, weights=weights)
+        assert found.status == checks.SKIPPED
+        live = checks.judge(registry.get(run.envs[0]), run.plan.env_vars, True, weights=weights)
         llm.default_judge.cache_clear()
     assert live.status == checks.PASS and url in live.detail
 

@@ -32,6 +32,7 @@ def envs(
             "tools": list(env.tools),
             "data_sources": list(env.personas.data_sources),
             "agents": list(evaluation_of(env).baselines),
+            "reward": {c.name: {"weight": c.weight, "about": c.about} for c in env.components},
             "parts": [part.__name__ for part in registry.PARTS if isinstance(env, part)],
             "protocols": list(evaluation_of(env).protocols),
             "default": env.default,
@@ -51,7 +52,14 @@ def envs(
         field("personas", ", ".join(f"{p} ({', '.join(s)})" for p, s in env["personas"].items()))
         field(f"tools ({len(env['tools'])})", ", ".join(env["tools"]))
         field("scripted agents", ", ".join(env["agents"]) or "-")
+        terms = [(c["weight"], name) for name, c in env["reward"].items()]
+        weights = "".join(
+            f"{' - ' if w < 0 else ' + ' if i else ''}{abs(w):g} {name}" for i, (w, name) in enumerate(terms)
+        )
+        field("reward", f"score = {weights} (defaults; a row's reward_weights set its own)" if terms else "-")
         if verbose:
+            for component, c in env["reward"].items():
+                field(f"  {component}", c["about"])
             field("parts", ", ".join(env["parts"]) or "-")
         if env["protocols"]:
             field("eval protocols", f"{', '.join(env['protocols'])} (the first the default)")

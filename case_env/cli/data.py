@@ -83,12 +83,19 @@ def traj_to_sft(
 
 
 def _bank_build(env, options) -> None:
-    from case_env.core.bank import write
+    from case_env.core.bank import weigh_rows, write
+    from case_env.core.environment import unknown_weights
 
+    wrong = unknown_weights(env, options.reward_weights)
+    if wrong:
+        fail(f"--reward-weights: {wrong} (`case-env envs` lists them)", 2)
     built = env.build_bank(options)
+    if options.reward_weights:
+        weigh_rows(built.result, options.reward_weights)
     manifest = options.out / "bank.json"
     built.problems.echo(lambda line: typer.echo(line, err=True), "problem: ", where=str(manifest))
-    write(built.result, options.out, {"env": env.name, **built.meta, "problems": built.problems.to_json()})
+    meta = {"env": env.name, **built.meta, "reward_weights": options.reward_weights or None}
+    write(built.result, options.out, {**meta, "problems": built.problems.to_json()})
     Problems(built.result.skipped).echo(
         lambda line: typer.echo(line, err=True), "skipped ", where=str(manifest)
     )

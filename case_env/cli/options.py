@@ -61,6 +61,8 @@ def _shown(value: Any) -> str:
         return "none"
     if isinstance(value, tuple | list):
         return ",".join(str(v) for v in value) or "none"
+    if isinstance(value, dict):
+        return ",".join(f"{k}={v}" for k, v in value.items()) or "none"
     if isinstance(value, bool):
         return "on" if value else "off"
     return str(value)

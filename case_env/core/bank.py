@@ -148,6 +148,15 @@ class BankRow(BaseModel):
         return out
 
 
+def weigh_rows(result: BankResult, weights: dict[str, float]) -> None:
+    """Give every row of a built bank these reward weights (`extra_info.reward_weights`), over its own."""
+    from case_env.core.environment import weighed  # the contract imports this module
+
+    for rows in result.rows.values():
+        for row in rows:
+            row["extra_info"] = json.dumps(weighed(json.loads(row["extra_info"]), weights))
+
+
 def tools_kwargs(patient_id: str, tools: Iterable[str], **create: Any) -> dict[str, dict]:
     """Every tool of the environment with the same `create_kwargs` (the case, and what the row adds)."""
     return {name: {"create_kwargs": {"patient_id": patient_id, **create}} for name in tools}

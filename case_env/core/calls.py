@@ -18,7 +18,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, ValidationError
 
 from case_env.core.answers import model_text
 from case_env.core.tags import Tagged
@@ -121,6 +121,12 @@ class ScoreExtra(BaseModel):
 
     env: str | None = None
     case_env_tool_calls: list[Call] | None = Field(None, max_length=MAX_SCORED_CALLS)
+    reward_weights: dict[str, FiniteFloat] | None = Field(
+        None,
+        max_length=64,
+        description="The row's weight of each reward component it names (`case-env envs` lists them); the "
+        "others keep their environment's default.",
+    )
 
 
 # what parsing a model's text may raise besides a syntax error: nesting deeper than the interpreter's stack

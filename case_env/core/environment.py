@@ -5,7 +5,7 @@ the entry-point group `case_env.environments`. The server, the verl adapter, the
 the reward entry point and the command line reach it only through this class, its optional parts
 (`case_env.core.parts`) and the registry (`case_env.core.registry`); none of them names an environment.
 
-Twelve members, in four groups:
+Thirteen members, in four groups:
 - who it is: `name` (also `extra_info.env` of its rows), `title` (the word used in messages), `summary` (one
   line for `case-env envs`), `default` (the environment a command means when it names none, and the reward of
   rows that name none and whose data source no environment claims: CASE-Bench's published banks);
@@ -15,13 +15,15 @@ Twelve members, in four groups:
 - an episode: `context_model` (what a row sets for its episodes, from its `create_kwargs`, sent with each
   call and kept by the server at the first; None: its tools are pure functions of the arguments),
   `episode_context` (what a tool sees, built by the server from those settings and the episode's log);
-- its reward: `score`, and `score_extra` (the part of `extra_info` it reads, validated before it is called).
+- its reward: `score`, `score_extra` (the part of `extra_info` it reads, validated before it is called) and
+  `components` (the reward's named terms and their default weights: `score` is their weighted sum, each
+  weight the row's own when its `extra_info.reward_weights` names it).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -58,6 +60,66 @@ class Cases(Protocol):
 
 
 @dataclass(frozen=True)
+class Component:
+    """One named term of a reward: reported under `name` in the reward's dict, and counted in its `score` with
+    a weight, the row's own (`extra_info.reward_weights`) or this default. A penalty's weight is negative."""
+
+    name: str
+    weight: float
+    about: str
+
+
+def row_weights(components: Sequence[Component], extra_info: Mapping[str, Any] | None) -> dict[str, float]:
+    """Each component's weight for one row: the row's `extra_info.reward_weights[name]`, else its default.
+    (The names were checked when the row was: `reward.environment_of`.)"""
+    given = extra_info.get("reward_weights") if isinstance(extra_info, Mapping) else None
+    own = given if isinstance(given, Mapping) else {}
+    return {c.name: float(own.get(c.name, c.weight)) for c in components}
+
+
+def weighed(extra_info: dict, weights: Mapping[str, float] | None) -> dict:
+    """A row's `extra_info` with `weights` over its own reward weights (a bank built, a recipe or a run
+    giving every row the same)."""
+    if not weights:
+        return extra_info
+    return {**extra_info, "reward_weights": {**(extra_info.get("reward_weights") or {}), **weights}}
+
+
+def weighted(
+    components: Sequence[Component], values: Mapping[str, float], weights: Mapping[str, float]
+) -> float:
+    """The score: each component's value times its weight, summed in the components' order."""
+    total = 0.0
+    for c in components:
+        total += weights[c.name] * values[c.name]
+    return total
+
+
+def parse_weights(text: str) -> dict[str, float]:
+    """`rubric=0.5,acc=1` as {name: weight}: how a command line gives reward weights."""
+    pairs = [p.partition("=") for p in text.split(",") if p.strip()]
+    try:
+        if any(not sep or not name.strip() for name, sep, _ in pairs):
+            raise ValueError
+        return {name.strip(): float(weight) for name, _, weight in pairs}
+    except ValueError:
+        raise ValueError(f"must be name=weight pairs such as rubric=0.5,acc=1, not {text!r}") from None
+
+
+def unknown_weights(env: Environment, names: Iterable[str]) -> str | None:
+    """What is wrong with weights given by name, or None: a name no component of the environment's reward
+    has, with the valid ones."""
+    known = [c.name for c in env.components]
+    wrong = [n for n in names if n not in known]
+    if not wrong:
+        return None
+    return (
+        f"the {env.title} reward has no component {', '.join(map(repr, wrong))}; "
+        f"choose among {', '.join(known) or 'none'}"
+    )
+
+
+@dataclass(frozen=True)
 class Score:
     """A reward: the common keys every environment returns, and its own components."""
 
@@ -87,6 +149,7 @@ class Environment(ABC):
     personas: Personas | PersonaSet  # declared as Personas(package); read as the loaded {name: PersonaSpec}
     context_model: ClassVar[type[BaseModel] | None] = None
     score_extra: ClassVar[type[ScoreExtra]] = ScoreExtra
+    components: ClassVar[tuple[Component, ...]] = ()
 
     @abstractmethod
     def open_cases(self, data: DataSettings) -> Cases:

@@ -91,6 +91,18 @@ class BankOptions(BaseModel):
     split: tuple[float, float, float] = Field(
         (0.8, 0.1, 0.1), description="train,val,test fractions of the cases."
     )
+    reward_weights: dict[str, float] = Field(
+        default_factory=dict,
+        description="Weights of the reward's components in every row, as name=weight,... (`case-env envs` "
+        "lists them); the others keep their default.",
+    )
+
+    @field_validator("reward_weights", mode="before")
+    @classmethod
+    def _weights(cls, value: Any) -> Any:
+        from case_env.core.environment import parse_weights
+
+        return parse_weights(value) if isinstance(value, str) else value
 
     @field_validator("split", mode="before")
     @classmethod
@@ -359,8 +371,9 @@ class Recipe:
     updates_per_step: int = 4  # PPO mini-batches per step: ppo_mini_batch_size = batch size / this
     # on-policy self-distillation from the rows' teacher_insight (case_env/verl/distill.py); --opsd/--no-opsd
     opsd: bool = False
-    # CASE_ENV_* settings the recipe gives every worker (its reward's, say); the launching shell's own win
-    env: Mapping[str, str] = field(default_factory=dict)
+    # the weights it gives its environment's reward components in every row (over the bank's own), as verl's
+    # dataset loads them (`+data.reward_weights.<name>`): CASE's rubric for its RLAIF recipes, say
+    reward_weights: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -405,9 +418,9 @@ class Training:
         if cls.listener and cls.ends is Training.ends:
             raise TypeError(f"{cls.__name__} names a listener but defines no ends")
 
-    def asks_judge(self, settings: Mapping[str, str]) -> bool:
-        """Whether its reward asks the judge under the workers' `CASE_ENV_*` settings (a weight that turns
-        the judged part on, say)."""
+    def asks_judge(self, settings: Mapping[str, str], weights: Mapping[str, float]) -> bool:
+        """Whether its reward asks the judge under the workers' `CASE_ENV_*` settings and the run's reward
+        weights (a weight that turns the judged part on, say)."""
         return self.judged
 
     def ends(self, text: str) -> bool:

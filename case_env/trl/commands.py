@@ -8,6 +8,7 @@ from pathlib import Path
 
 import typer
 
+from case_env.core.environment import parse_weights
 from case_env.core.errors import CommandError
 
 trl_app = typer.Typer(
@@ -125,6 +126,12 @@ def grpo(
     train_layers: int = typer.Option(
         0, "--train-layers", min=0, help="Train only the top N transformer layers; 0 trains all [default: 0]."
     ),
+    reward_weights: str = typer.Option(
+        "",
+        "--reward-weights",
+        help="Weights of the reward's components over every row's own, as name=weight,... (`case-env envs` "
+        "lists them) [default: the rows'].",
+    ),
 ) -> None:
     """GRPO with TRL's environment_factory: each rollout's tools call the case-env server within the row's case,
     its reward is case-env's reward for the row (CASE's second stage)."""
@@ -136,6 +143,10 @@ def grpo(
         _refuse(f"{bank} is not a bank parquet file (e.g. data/bank/train.parquet)")
     if not reachable(server_url):
         _refuse(f"no case-env server answers at {server_url}: start one with `case-env serve`")
+    try:
+        weights = parse_weights(reward_weights)
+    except ValueError as exc:
+        _refuse(f"--reward-weights {exc}")
     run = GRPORun(
         model_dir(model),  # after the cheap checks: preparing a known model takes a while
         bank,
@@ -157,6 +168,7 @@ def grpo(
         resume,
         gradient_checkpointing,
         train_layers,
+        weights,
     )
     final = run_grpo(run)
     typer.echo(f"wrote {final} ({out / 'curve.png'}, {out / 'log.jsonl'})")

@@ -16,7 +16,7 @@ from typing import Any
 
 from case_env.core import registry
 from case_env.core.bank import load_items
-from case_env.core.environment import Environment
+from case_env.core.environment import Environment, unknown_weights, weighed
 from case_env.trl.episode import CaseEpisode, episode_class
 
 
@@ -27,9 +27,10 @@ def offered(env: Environment, extra: dict) -> list[str]:
 
 
 def grpo_rows(
-    bank: Path, limit: int | None = None
+    bank: Path, limit: int | None = None, weights: dict[str, float] | None = None
 ) -> tuple[Environment, list[dict], dict[str, tuple[str, ...]]]:
-    """(the environment, dataset rows, tool set of each `environment` key) of a bank file."""
+    """(the environment, dataset rows, tool set of each `environment` key) of a bank file, with `weights`
+    over each row's own reward weights."""
     items = load_items(bank)[:limit]
     if not items:
         raise ValueError(f"{bank} holds no rows")
@@ -39,6 +40,9 @@ def grpo_rows(
             f"{bank} holds rows of {len(envs)} environments ({', '.join(sorted(envs))}); one is needed"
         )
     env = registry.get(envs.pop())
+    wrong = unknown_weights(env, weights or {})
+    if wrong:
+        raise ValueError(f"--reward-weights: {wrong}")
     rows, tool_sets = [], {}
     for item in items:
         tools = tuple(offered(env, item.extra))
@@ -50,7 +54,7 @@ def grpo_rows(
                 "environment": key,
                 "data_source": item.data_source,
                 "ground_truth": item.ground_truth,
-                "extra_info": json.dumps(item.extra),
+                "extra_info": json.dumps(weighed(item.extra, weights)),
             }
         )
     return env, rows, tool_sets

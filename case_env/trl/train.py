@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +63,7 @@ class GRPORun:
     train_layers: int = 0  # 0: every layer trained; else only the top N transformer layers (and the norm)
     resume: bool = False  # from the last checkpoint in `out`, its optimizer, log and rollouts kept
     gradient_checkpointing: bool = True  # recompute activations in the backward pass (memory for time)
+    reward_weights: dict[str, float] = field(default_factory=dict)  # over every row's own
 
 
 def tool_ready(tokenizer: Any, model_type: str | None) -> Any:
@@ -163,7 +164,7 @@ def run_grpo(run: GRPORun) -> Path:
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     tokenizer = _load_tokenizer(run.model)
-    env, rows, tool_sets = grpo_rows(run.bank, run.limit)
+    env, rows, tool_sets = grpo_rows(run.bank, run.limit, run.reward_weights)
     settings = RetryPolicy(base_url=run.server_url)
     rollouts = run.out / "rollouts.jsonl"
     run.out.mkdir(parents=True, exist_ok=True)

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -668,7 +669,9 @@ def distillation(config: Any, train: Any) -> Check:
     return Check(name, PASS, detail)
 
 
-def judge(env: Any, env_vars: dict[str, str], live: bool, nodes: int = 1) -> Check:
+def judge(
+    env: Any, env_vars: dict[str, str], live: bool, nodes: int = 1, weights: Mapping[str, float] | None = None
+) -> Check:
     """A reward that asks a judge has one: without `CASE_ENV_JUDGE_URL` it would fall back to its rules on
     every row, silently, and on several nodes it is reachable from each (verl spreads its reward workers over
     every node: a loopback judge would answer one node's rows, the others' would fall back one by one).
@@ -676,7 +679,7 @@ def judge(env: Any, env_vars: dict[str, str], live: bool, nodes: int = 1) -> Che
     from case_env.core.parts import Training
 
     name = "judge"
-    if not isinstance(env, Training) or not env.asks_judge(env_vars):
+    if not isinstance(env, Training) or not env.asks_judge(env_vars, weights or {}):
         return Check(name, PASS, f"the {env.title} reward asks no judge under this run's settings")
     url = env_vars.get("CASE_ENV_JUDGE_URL")
     if not url:

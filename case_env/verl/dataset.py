@@ -27,14 +27,17 @@ from verl.utils.dataset.rl_dataset import RLHFDataset
 from verl.utils.tokenizer import build_multimodal_processor_inputs, normalize_token_ids
 
 from case_env.core import registry
+from case_env.core.environment import weighed
 from case_env.core.parts import Training
 
 
 class _DecodedRows:
-    """A view of a datasets.Dataset whose rows come back with `extra_info` decoded."""
+    """A view of a datasets.Dataset whose rows come back with `extra_info` decoded, and with the run's reward
+    weights (`data.reward_weights`, a recipe's) over the row's own."""
 
-    def __init__(self, dataframe: Any):
+    def __init__(self, dataframe: Any, weights: dict[str, float] | None = None):
         self._dataframe = dataframe
+        self._weights = weights or {}
 
     def __len__(self) -> int:
         return len(self._dataframe)
@@ -43,6 +46,8 @@ class _DecodedRows:
         row = self._dataframe[item]
         if isinstance(item, int) and isinstance(row.get("extra_info"), str):
             row["extra_info"] = json.loads(row["extra_info"])
+        if isinstance(item, int) and self._weights and isinstance(row.get("extra_info"), dict):
+            row["extra_info"] = weighed(row["extra_info"], self._weights)
         return row
 
     def __getattr__(self, name: str) -> Any:
@@ -86,7 +91,8 @@ def renders_tools(row: dict) -> bool:
 class CaseRLHFDataset(RLHFDataset):
     def _read_files_and_tokenize(self) -> None:
         super()._read_files_and_tokenize()
-        self.dataframe = _DecodedRows(self.dataframe)
+        weights = self.config.get("reward_weights") or {}
+        self.dataframe = _DecodedRows(self.dataframe, {str(k): float(v) for k, v in weights.items()})
 
     def raw_rows(self) -> Any:
         """The rows as read from the files (extra_info still a JSON string), before any is yielded."""

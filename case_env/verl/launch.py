@@ -114,6 +114,8 @@ class Plan:
             # found, not imported: importing it imports verl (seconds), and argument errors answer first
             f"data.custom_cls.path={_module_file('case_env.verl.dataset')}",
             "data.custom_cls.name=CaseRLHFDataset",
+            # the recipe's reward weights, which the dataset class writes into every row it loads
+            *(f"+data.reward_weights.{k}={v}" for k, v in recipes()[args.recipe].reward_weights.items()),
             f"actor_rollout_ref.model.path={args.model}",
             f"actor_rollout_ref.actor.ppo_mini_batch_size={mini_batch}",
             "actor_rollout_ref.actor.use_dynamic_bsz=True",
@@ -193,7 +195,8 @@ class Plan:
     def judged(self) -> bool:
         """The bank's rewards ask a judge and the workers are told where it is."""
         envs = map(registry.get, bank_envs(self.args.data.resolve()))
-        asks = any(isinstance(env, Training) and env.asks_judge(self.env_vars) for env in envs)
+        weights = recipes()[self.args.recipe].reward_weights
+        asks = any(isinstance(env, Training) and env.asks_judge(self.env_vars, weights) for env in envs)
         return asks and bool(self.env_vars.get("CASE_ENV_JUDGE_URL"))
 
     def _reward_manager(self) -> list[str]:
@@ -232,12 +235,11 @@ def _overridden(item: str, later: list[str]) -> bool:
 
 def forwarded_env(args: SimpleNamespace, url: str) -> dict[str, str]:
     """What rollout and reward workers read from their environment: the server's URL and token (or the token
-    file's path), the recipe's settings, and every other CASE_ENV_* setting of this shell (the judge's
-    CASE_ENV_JUDGE_URL, say; a recipe's setting given in the shell too keeps the shell's value), which verl
-    would not forward (trainer/constants_ppo.py)."""
+    file's path), and every other CASE_ENV_* setting of this shell (the judge's CASE_ENV_JUDGE_URL, say), which
+    verl would not forward (trainer/constants_ppo.py)."""
     from case_env.server.ray_serve import settings_env
 
-    env = {**recipes()[args.recipe].env, **settings_env(), "CASE_ENV_URL": url}
+    env = {**settings_env(), "CASE_ENV_URL": url}
     if args.token_file is not None:
         env.pop("CASE_ENV_TOKEN", None)
         env["CASE_ENV_TOKEN_FILE"] = str(args.token_file.resolve())

@@ -24,7 +24,7 @@ from case_env.core import registry
 from case_env.lm.chat_templates import family_for, template
 from case_env.verl import checks, launch, model_files
 from case_env.verl.checks import FAIL, Check
-from case_env.verl.options import TEMPLATE_CHOICES
+from case_env.verl.options import TEMPLATE_CHOICES, recipes
 
 # families whose published (processor) template renders no tools: case-env's is used even unverified
 TOOLLESS = ("qwen2_5_vl",)
@@ -170,9 +170,13 @@ class Preflight:
         results.append(checks.gpus(reports, args.gpus, args.nodes))
         results.append(checks.episode_ids(config))
         results.append(checks.distillation(config, self.datasets["train"]))
+        weights = recipes()[args.recipe].reward_weights
         results.append(
             checks.worst(
-                [checks.judge(registry.get(env), plan.env_vars, live, args.nodes) for env in self.envs]
+                [
+                    checks.judge(registry.get(env), plan.env_vars, live, args.nodes, weights)
+                    for env in self.envs
+                ]
             )
         )
         self.results = results

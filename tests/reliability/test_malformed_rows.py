@@ -25,7 +25,17 @@ ISSUE_ROWS = [
     ({"env": "clinic", "clinic": {"reward": {"profile": "nope"}}}, "extra_info.clinic.reward.profile:"),
     ({"env": "clinic", "clinic": {"exams": 5}}, "extra_info.clinic.exams: Input should be a valid list"),
     ({"env": "casereason", "casereason": {"attempts": "abc"}}, "extra_info.casereason.attempts:"),
-    ({"env": "casereason", "casereason": {"recall_weight": None}}, "extra_info.casereason.recall_weight:"),
+    ({"env": "casereason", "reward_weights": {"recall": None}}, "extra_info.reward_weights.recall:"),
+    (
+        {"env": "casereason", "reward_weights": {"recal": 0.5}},
+        "extra_info.reward_weights: the case-reasoning reward has no component 'recal'; choose among credit, "
+        "recall",
+    ),
+    (
+        {"env": "casereason", "casereason": {"recall_weight": 0.5}},
+        "extra_info.casereason: Value error, recall_weight is no longer read here: set "
+        "extra_info.reward_weights.recall instead",
+    ),
     (
         {"env": "casereason", "casereason": {"statements": [1, None, {}]}},
         "extra_info.casereason.statements.0: Input should be a valid string; "

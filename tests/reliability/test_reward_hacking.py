@@ -183,11 +183,10 @@ def test_reward_hacking(scored, figures):
     assert controls == {"function": len(CONTROLS), "http": len(CONTROLS), "verl": len(CONTROLS)}
 
 
-def test_with_cases_rubric_weighted_no_hack_gains(monkeypatch):
+def test_with_cases_rubric_weighted_no_hack_gains():
     """CASE's rubric in the reward (as the `case` recipes weight it): every adversarial completion above still
     scores 0, and answers citing values no tool returned get nothing from the items about values."""
-    monkeypatch.setenv("CASE_ENV_IMAGING_RUBRIC_WEIGHT", "0.5")
-    extra = {**EXTRA, "env": "imaging"}
+    extra = {**EXTRA, "env": "imaging", "reward_weights": {"rubric": 0.5}}
     assert all(score_row("vista3d_opsd", c, TRUTH, extra)["score"] == 0 for c in ADVERSARIAL.values())
     for name, (text, recorded) in RUBRIC_HACKS.items():
         scored = score_row("vista3d_opsd", text, "A", {**extra, **recorded})

@@ -55,7 +55,6 @@ def to_row(
     split: str,
     mode: str,
     attempts: int,
-    recall_weight: float,
     persona: PersonaSpec,
     tools: list[str],
     version: str,
@@ -80,7 +79,6 @@ def to_row(
             "mode": mode,
             "attempts": k,
             "statements": list(case.statements),
-            "recall_weight": recall_weight,
             "extraction": extraction[0],
             "eval_extraction": extraction[1],
             "pmcid": case.pmcid,
@@ -100,7 +98,6 @@ def build(
     fractions: tuple[float, float, float],
     mode: str = "independent",
     attempts: int = 10,
-    recall_weight: float = 0.0,
     extraction: tuple[str, str] = ("strict", "reference"),
 ) -> BankResult:
     if mode not in MODES:
@@ -113,7 +110,7 @@ def build(
         fractions,
         seed,
         lambda case, index, split: to_row(
-            case, index, split, mode, attempts, recall_weight, persona, tools, version, extraction
+            case, index, split, mode, attempts, persona, tools, version, extraction
         ),
         given=lambda case: case.split,  # MedCaseReasoning's own train/val/test stay as published
     )

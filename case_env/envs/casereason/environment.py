@@ -29,7 +29,7 @@ from case_env.core.text_cases import TextCases, load_text_cases
 from case_env.core.tools import Tools
 from case_env.envs.casereason import bench, evaluation
 from case_env.envs.casereason.context import MAX_ATTEMPTS, ReasoningContext, ReasoningEpisode, ReasoningSetup
-from case_env.envs.casereason.reward import ReasoningScoreExtra
+from case_env.envs.casereason.reward import COMPONENTS, ReasoningScoreExtra
 
 if TYPE_CHECKING:
     from case_env.envs.casereason.cases import Loaded
@@ -42,7 +42,6 @@ class ReasoningBankOptions(TextBankOptions):
         "independent", description="independent (single turn) or sequential (submit_diagnosis)."
     )
     attempts: int = Field(10, ge=1, le=64, description="Attempts k (sequential).")
-    recall_weight: float = Field(0.0, ge=0, description="Reward weight of reasoning recall.")
     extraction: Literal["strict", "reference"] = Field(
         "strict",
         description="How the reward reads the answer in training: strict (the last <answer>, written last) "
@@ -65,6 +64,7 @@ class CaseReasonEnvironment(Environment, TextCases, Evaluation, Training, Benchm
     personas = Personas("case_env.personas.casereason")
     context_model = ReasoningSetup
     score_extra = ReasoningScoreExtra
+    components = COMPONENTS
     bank_options = ReasoningBankOptions
     required_extra = ("casereason", *CASE_EXTRA)
     synth_options = SynthOptions
@@ -107,7 +107,6 @@ class CaseReasonEnvironment(Environment, TextCases, Evaluation, Training, Benchm
             options.split,
             options.mode,
             options.attempts,
-            options.recall_weight,
             (options.extraction, options.eval_extraction),
         )
         k = options.attempts if options.mode == "sequential" else 1

@@ -11,9 +11,10 @@ Which text is the answer (`extra_info.casereason.extraction`, `EXTRACTIONS`):
 `format_ok` needs a non-empty `<think>` and a tagged answer in either profile. With sequential attempts (`extra_info.casereason.attempts` = k > 1), the diagnoses the
 model submitted with `submit_diagnosis` (its executed calls, `case_env.core.calls`, never tool output) are its
 attempts in order, followed by the final answer when it differs from the last submission; only the first k
-count. `acc` is 1 when one of them is correct; `score` is 1 − (i − 1) / k for the first correct attempt i (a
-right first guess is worth more than a right fifth), plus `recall_weight` × reasoning recall when a bank sets
-one. Keys: score, acc, pred, format_ok, judge, recall, attempts, first_correct.
+count. `acc` is 1 when one of them is correct; `credit` is 1 − (i − 1) / k for the first correct attempt i (a
+right first guess is worth more than a right fifth); `score` is `credit` plus the `recall` weight (0 unless
+the row's `reward_weights` sets one) × reasoning recall. Keys: score, acc, pred, format_ok, judge, credit,
+recall, attempts, first_correct.
 """
 
 from __future__ import annotations
@@ -21,11 +22,12 @@ from __future__ import annotations
 import asyncio
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from case_env.core import registry
 from case_env.core.answers import ANSWER_TAG, final_segment, last_answer, model_text
 from case_env.core.calls import Call, ScoreExtra, decoded, executed_calls
+from case_env.core.environment import Component, row_weights, weighted
 from case_env.core.llm import Asker, asked_judge, fell_back
 from case_env.core.tags import Tagged
 from case_env.envs.casereason.judge import judge
@@ -33,7 +35,16 @@ from case_env.envs.casereason.recall import reasoning_recall
 from case_env.medicine.diagnosis import canonical
 
 _THINK = Tagged("<think>", "</think>", to_end=True)
-KEYS = ("score", "acc", "pred", "format_ok", "judge", "judge_fallback", "recall", "attempts", "first_correct")
+KEYS = (
+    *("score", "acc", "pred", "format_ok", "judge", "judge_fallback"),
+    *("credit", "recall", "attempts", "first_correct"),
+)
+COMPONENTS = (
+    Component("credit", 1.0, "the diagnosis: 1 - (i - 1) / k for the first correct attempt i of k, else 0"),
+    Component(
+        "recall", 0.0, "reasoning recall: the share of the case's clinician statements the trace covers"
+    ),
+)
 EXTRACTIONS = ("strict", "reference")
 
 
@@ -59,9 +70,19 @@ class ReasoningRecord(BaseModel):
     mode: Literal["independent", "sequential"] = "independent"
     attempts: int = Field(1, ge=1, le=100)
     statements: list[str] = Field(default_factory=list)
-    recall_weight: float = Field(0.0, ge=0)
     extraction: Literal["strict", "reference"] = "strict"
     eval_extraction: Literal["strict", "reference"] = "reference"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved(cls, data: Any) -> Any:
+        # banks built before the weights moved hold 0 here, the default: only another value is refused
+        if isinstance(data, dict) and data.get("recall_weight") not in (None, 0, 0.0):
+            raise ValueError(
+                "recall_weight is no longer read here: set extra_info.reward_weights.recall instead "
+                "(`case-env bank build --reward-weights recall=W`)"
+            )
+        return data
 
 
 class ReasoningScoreExtra(ScoreExtra):
@@ -111,8 +132,10 @@ async def casereason_score(
         first_correct(attempts, str(ground_truth), client),
         reasoning_recall(list(settings.get("statements") or []), trace, client),
     )
-    weight = float(settings.get("recall_weight", 0.0))
-    score = (1 - (first - 1) / k if first else 0.0) + weight * recall.value
+    credit = 1 - (first - 1) / k if first else 0.0
+    score = weighted(
+        COMPONENTS, {"credit": credit, "recall": recall.value}, row_weights(COMPONENTS, extra_info)
+    )
     return {
         "score": round(score, 6),
         "acc": 1.0 if first else 0.0,
@@ -120,6 +143,7 @@ async def casereason_score(
         "format_ok": tagged and bool(trace.strip()),
         "judge": how,
         "judge_fallback": fell_back(how),
+        "credit": round(credit, 6),
         "recall": round(recall.value, 6),
         "attempts": len(attempts),
         "first_correct": first,

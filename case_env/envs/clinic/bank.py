@@ -10,7 +10,7 @@ Besides the common schema (`case_env.core.bank`), a row holds:
   the patient a tool, with a system and a user message and one answer format (`[DIAGNOSIS: ...]`);
 - `create_kwargs.noise`: the noise configuration and, in dataset mode, this case's assignment (MedExAgent's
   draw over the whole bank, before the split), which the server realises;
-- `extra_info.clinic` (the recorded work-up, the reward's profile and weights) and `extra_info.noise` (the
+- `extra_info.clinic` (the recorded work-up and the reward's rules) and `extra_info.noise` (the
   noise plan, for evaluation by noise type).
 """
 
@@ -27,7 +27,7 @@ from case_env.core.tools import schema_version
 from case_env.envs.clinic import medexagent_noise
 from case_env.envs.clinic.cases import ClinicCase
 from case_env.envs.clinic.noise import NoiseConfig, plan_noise
-from case_env.envs.clinic.reward import DIAGNOSIS_TAG, RewardWeights
+from case_env.envs.clinic.reward import DIAGNOSIS_TAG, RewardRules
 from case_env.medicine.exams import EXAMS, NOT_OFFERED, findings_sentence, read_exam_string, tool_text
 
 ABILITY = "clinic_diagnosis"
@@ -182,7 +182,7 @@ def to_row(
     index: int,
     split: str,
     noise: NoiseConfig,
-    weights: RewardWeights,
+    rules: RewardRules,
     persona: PersonaSpec,
     tools: list[str],
     version: str,
@@ -220,7 +220,7 @@ def to_row(
             "exams": spelled,
             "interface": interface,
             "patient": patient,
-            "reward": weights.model_dump(),
+            "reward": rules.model_dump(),
             "prefix": diagnosis_prefix(case, [m.model_dump() for m in prompt]),
         },
         noise=plan.metadata(case),
@@ -277,14 +277,14 @@ def build(
     seed: int,
     fractions: tuple[float, float, float],
     noise: NoiseConfig,
-    weights: RewardWeights | None = None,
+    rules: RewardRules | None = None,
     distractors: int = 5,
     interface: Interface = "exam_tools",
     patient: PatientChannel = "dialogue",
     empty_cells: EmptyCells = "as_read",
 ) -> BankResult:
     env = registry.get("clinic")
-    weights = weights or RewardWeights()
+    rules = rules or RewardRules()
     persona = env.personas["clinician"]
     tools, version = list(env.tools), schema_version(env.tools)
     noises = assign_noise(cases, noise)
@@ -302,7 +302,7 @@ def build(
             index,
             split,
             noises[case.case_id],
-            weights,
+            rules,
             persona,
             tools,
             version,

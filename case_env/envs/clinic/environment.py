@@ -33,7 +33,7 @@ from case_env.core.text_cases import TextCases, load_text_cases
 from case_env.core.tools import Tools
 from case_env.envs.clinic import bench, evaluation
 from case_env.envs.clinic.context import MAX_EXCHANGES, ClinicContext, ClinicEpisode, ClinicSetup
-from case_env.envs.clinic.reward import ClinicScoreExtra
+from case_env.envs.clinic.reward import COMPONENTS, ClinicScoreExtra
 
 if TYPE_CHECKING:
     from case_env.envs.clinic.cases import Loaded
@@ -143,6 +143,7 @@ class ClinicEnvironment(Environment, TextCases, Evaluation, Training, Benchmarks
     personas = Personas("case_env.personas.clinic")
     context_model = ClinicSetup
     score_extra = ClinicScoreExtra
+    components = COMPONENTS
     bank_options = ClinicBankOptions
     synth_options = ClinicSynthOptions
     required_extra = ("clinic", "noise", *CASE_EXTRA)
@@ -218,7 +219,7 @@ class ClinicEnvironment(Environment, TextCases, Evaluation, Training, Benchmarks
 
         assert isinstance(options, ClinicBankOptions)
         paths, loaded = load_text_cases(self, options)
-        from case_env.envs.clinic.reward import RewardWeights
+        from case_env.envs.clinic.reward import RewardRules
 
         noise = NoiseConfig(
             seed=options.noise_seed,
@@ -226,13 +227,13 @@ class ClinicEnvironment(Environment, TextCases, Evaluation, Training, Benchmarks
             exam_rate=options.exam_noise,
             mode=options.noise_mode,
         )
-        weights = RewardWeights(profile=options.reward_profile)
+        rules = RewardRules(profile=options.reward_profile)
         result = build(
             loaded.cases,
             options.seed,
             options.split,
             noise,
-            weights,
+            rules,
             options.distractors,
             options.interface,
             options.patient,
@@ -251,7 +252,7 @@ class ClinicEnvironment(Environment, TextCases, Evaluation, Training, Benchmarks
             "split": options.split,
             "cases": [str(p) for p in paths],
             "noise": noise.model_dump(),
-            "reward": weights.model_dump(),
+            "reward": rules.model_dump(),
             "interface": options.interface,
             "patient": options.patient,
             "empty_cells": options.empty_cells,

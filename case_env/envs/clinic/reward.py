@@ -3,7 +3,8 @@ profiles, chosen per bank (`extra_info.clinic.reward.profile`):
 
 - **`medexagent`** (the default): MedExAgent's RL reward as published (`train/rl/reward.py`,
   `config/rl_config.yaml`; docs/sources.md, MedExAgent), `score = 1.0 · dx + 0.5 · tool_match − 0.1 · cost −
-  0.0 · format` (`medexagent_reward`). Every exam the model called counts as called, refused or not, as its
+  0.0 · format` (`medexagent_reward`): its weights are the components' defaults (`COMPONENTS`), which a row's
+  `extra_info.reward_weights` may change, `exam_score` being `tool_match` under this profile. Every exam the model called counts as called, refused or not, as its
   executor records them: the calls that reached the server (verl's `tool_extra_fields`) and those read from
   the model's text that never did (a tool the row does not offer; a second call in a turn).
 - **`strict`** (ours): an exam counts only if it ran, wrong parameters earn half, and every order costs
@@ -35,6 +36,7 @@ from case_env.core.calls import (
     executed_calls,
     written_calls,
 )
+from case_env.core.environment import Component, row_weights, weighted
 from case_env.core.llm import Asker, asked_judge, fell_back
 from case_env.core.tags import Tagged
 from case_env.envs.clinic import medexagent_reward as mx
@@ -45,6 +47,20 @@ from case_env.medicine.exams import ExamCall, ExamError, exam_call, loaded_exam,
 DIAGNOSIS_TAG = Tagged("[DIAGNOSIS:", "]", ignore_case=True, skip_space=True, nonempty=True)
 ASK = "ask_patient"
 ORDER = "order_exam"
+# MedExAgent's weights (config/rl_config.yaml: w_diagnosis, w_tool_match, w_cost, w_format), the last two
+# penalties
+COMPONENTS = (
+    Component("dx", 1.0, "the diagnosis: the Jaccard of the conditions matched (w_diagnosis)"),
+    Component(
+        "exam_score",
+        0.5,
+        "the exams: MedExAgent's tool match, or under strict their appropriateness (w_tool_match)",
+    ),
+    Component("cost", -0.1, "a penalty: the unnecessary exams' cost, or under strict every order's (w_cost)"),
+    Component(
+        "format", 0.0, "a penalty: MedExAgent's for turns without a tool call (w_format, 0 in its config)"
+    ),
+)
 KEYS = (
     "score",
     "acc",
@@ -69,16 +85,13 @@ KEYS = (
 )
 
 
-class RewardWeights(BaseModel):
-    """A bank's reward: profile and weights (MedExAgent's RL config by default)."""
+class RewardRules(BaseModel):
+    """A bank's reward rules: the profile and its settings (MedExAgent's RL config by default); the weights
+    are the components' (`COMPONENTS`, `extra_info.reward_weights`)."""
 
     model_config = ConfigDict(extra="ignore", strict=True)  # as /openapi.json says: "1.0" is not a number
 
     profile: Literal["medexagent", "strict"] = Field("medexagent", description="Which rule scores exams.")
-    dx: float = Field(1.0, description="Weight of the diagnosis Jaccard (MedExAgent w_diagnosis).")
-    exam: float = Field(0.5, description="Weight of the exam term (MedExAgent w_tool_match).")
-    cost: float = Field(0.1, description="Weight of the cost penalty (MedExAgent w_cost).")
-    format: float = Field(0.0, description="Weight of the format penalty (MedExAgent w_format).")
     uniform_cost: bool = Field(
         False, description="medexagent: every unnecessary exam costs 1 (its ablation)."
     )
@@ -98,7 +111,7 @@ class ClinicRecord(BaseModel):
 
     model_config = ConfigDict(extra="allow", strict=True)
 
-    reward: RewardWeights = Field(default_factory=RewardWeights)
+    reward: RewardRules = Field(default_factory=RewardRules)
     exams: list[str] = Field(default_factory=list)
 
 
@@ -184,15 +197,15 @@ def read_diagnosis(solution_str: str) -> str | None:
 
 
 async def diagnosis_verdict(
-    prediction: str | None, truth: str, weights: RewardWeights, client: Asker | None
+    prediction: str | None, truth: str, reward: RewardRules, client: Asker | None
 ) -> Verdict:
     truth_conditions = conditions(truth)
     if not prediction:
         return Verdict(len(truth_conditions), 0, 0, "none")
     predicted = conditions(prediction) or [prediction]
-    if weights.profile == "strict" and len(predicted) > MAX_CONDITIONS:
+    if reward.profile == "strict" and len(predicted) > MAX_CONDITIONS:
         return Verdict(len(truth_conditions), 0, 0, "none")  # a shotgun is no diagnosis under strict
-    if weights.profile == "strict" or client is None:
+    if reward.profile == "strict" or client is None:
         return await judge(predicted, truth_conditions, client)
     rules = await judge(predicted, truth_conditions, None)
     if looks_injected(prediction):
@@ -200,8 +213,8 @@ async def diagnosis_verdict(
     prompt = mx.JUDGE_PROMPT.format(ground_truth=truth, prediction=prediction)
     reply = await client.acomplete(
         [{"role": "user", "content": prompt}],
-        temperature=weights.judge_temperature,
-        fresh=not weights.judge_cache,
+        temperature=reward.judge_temperature,
+        fresh=not reward.judge_cache,
     )
     if reply is None:
         return Verdict(rules.truth, rules.predicted, rules.matched, "unavailable")
@@ -253,19 +266,19 @@ async def clinic_score(
 ) -> dict[str, Any]:
     extra = extra_info if isinstance(extra_info, dict) else {}
     record = ClinicScoreExtra.model_validate(extra).clinic or ClinicRecord()
-    weights = record.reward
+    rules = record.reward
     recorded = workup(record.exams)
     truth = [tool for _, tool in recorded]
     prediction = read_diagnosis(solution_str)
-    verdict = await diagnosis_verdict(prediction, str(ground_truth or ""), weights, client or asked_judge())
+    verdict = await diagnosis_verdict(prediction, str(ground_truth or ""), rules, client or asked_judge())
     dx = verdict.jaccard
     turns = written_turns(solution_str)
     fmt = mx.format_penalty(*tool_turns(turns))
     calls = executed_calls(solution_str, extra, registry.tool_parameters)
-    if weights.profile == "medexagent":
+    if rules.profile == "medexagent":
         tools = ordered_tools(turns, extra)
         tool_match = exam_term = mx.tool_match(tools, truth)
-        cost = mx.cost_penalty(tools, truth, weights.uniform_cost)
+        cost = mx.cost_penalty(tools, truth, rules.uniform_cost)
         exams = len(tools)
     else:
         tools = [as_tool(c.tool, c.arguments) for c in calls if c.ok and c.tool != ASK]
@@ -273,9 +286,10 @@ async def clinic_score(
         necessary = [call for call, _ in recorded]
         exam_term = appropriateness(ordered, necessary)
         tool_match = mx.tool_match(tools, truth)
-        cost = strict_cost(ordered, necessary, weights.necessary_discount)
+        cost = strict_cost(ordered, necessary, rules.necessary_discount)
         exams = len(ordered)
-    score = weights.dx * dx + weights.exam * exam_term - weights.cost * cost - weights.format * fmt
+    values = {"dx": dx, "exam_score": exam_term, "cost": cost, "format": fmt}
+    score = weighted(COMPONENTS, values, row_weights(COMPONENTS, extra))
     # MedExAgent's evaluation counts a call of a tool outside the case's list as hallucinated
     offered = (
         set(extra.get("tool_selection") or ()) if isinstance(extra.get("tool_selection"), list) else set()
@@ -300,5 +314,5 @@ async def clinic_score(
         "format_ok": verdict.predicted > 0,
         "judge": verdict.judge,
         "judge_fallback": fell_back(verdict.judge),
-        "profile": weights.profile,
+        "profile": rules.profile,
     }

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 from pydantic import Field
 
 from case_env.core.bank import CASE_EXTRA, Item, reference_rows
-from case_env.core.environment import Environment, Score
+from case_env.core.environment import Environment, Score, row_weights
 from case_env.core.errors import CommandError
 from case_env.core.parts import (
     BankBuild,
@@ -36,7 +36,8 @@ from case_env.core.tools import Tools
 from case_env.envs.imaging import evaluation
 from case_env.envs.imaging.bench.mixes import MIXES
 from case_env.envs.imaging.recipes import RECIPES
-from case_env.envs.imaging.rubric import GRADER, WEIGHT, ImagingScoreExtra
+from case_env.envs.imaging.reward import COMPONENTS
+from case_env.envs.imaging.rubric import GRADER, ImagingScoreExtra
 from case_env.envs.imaging.terms import ImagingFault
 
 if TYPE_CHECKING:
@@ -94,6 +95,7 @@ class ImagingEnvironment(Environment, Data, Evaluation, Training, Benchmarks, Co
     loop_agent = "vision"
     floors = ("random", "no-tool")
     score_extra = ImagingScoreExtra
+    components = COMPONENTS
     max_turns = 32
     figures = evaluation  # summarise, summary_lines, report
     default = True
@@ -101,9 +103,10 @@ class ImagingEnvironment(Environment, Data, Evaluation, Training, Benchmarks, Co
 
     rule_graded = f"{GRADER}=rules"
 
-    def asks_judge(self, settings: Mapping[str, str]) -> bool:
+    def asks_judge(self, settings: Mapping[str, str], weights: Mapping[str, float]) -> bool:
         """Only a weighted rubric asks the judge, unless it is left to the rules (rubric.py)."""
-        return float(settings.get(WEIGHT, "0")) > 0 and settings.get(GRADER, "judge") == "judge"
+        rubric = row_weights(COMPONENTS, {"reward_weights": weights})["rubric"]
+        return rubric > 0 and settings.get(GRADER, "judge") == "judge"
 
     def bench_server(self, options: ServerBenchOptions, echo: Callable[[str], object]) -> dict:
         from case_env.envs.imaging.bench.server import bench_server

@@ -12,15 +12,16 @@ rubric is worth half a correct answer, so the answer stays what the run optimise
 from __future__ import annotations
 
 from case_env.core.parts import Recipe
-from case_env.envs.imaging.rubric import WEIGHT
 
-RUBRIC_WEIGHT = "0.5"  # ours
-_RUBRIC = {WEIGHT: RUBRIC_WEIGHT}
-_NO_RUBRIC = {WEIGHT: "0"}
+RUBRIC_WEIGHT = 0.5  # ours
+_RUBRIC = {"rubric": RUBRIC_WEIGHT}
+_NO_RUBRIC = {"rubric": 0.0}
 
 
-def _case(opsd: bool, env: dict[str, str], summary: str) -> Recipe:
-    return Recipe({}, group_size=8, epochs=1, rollout="vllm", summary=summary, opsd=opsd, env=env)
+def _case(opsd: bool, weights: dict[str, float], summary: str) -> Recipe:
+    return Recipe(
+        {}, group_size=8, epochs=1, rollout="vllm", summary=summary, opsd=opsd, reward_weights=weights
+    )
 
 
 RECIPES = {

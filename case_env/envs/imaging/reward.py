@@ -1,6 +1,6 @@
 """The imaging reward: does the final answer's letter match `reward_model.ground_truth`? Plus CASE's rubric
-(`rubric.py`), weighted by `CASE_ENV_IMAGING_RUBRIC_WEIGHT` (0 unless a `case` recipe sets it); its keys are
-in every row's reward either way.
+(`rubric.py`), weighted by the row's `reward_weights.rubric` (0 unless a `case` recipe or the bank sets it);
+its keys are in every row's reward either way.
 
 Read from the final segment only (`case_env.core.answers`). Accepted forms: `<answer>X</answer>`,
 `\\boxed{X}` and a final `Answer: X`. An answer naming two different letters ("A or B"), a missing answer,
@@ -13,8 +13,18 @@ import re
 
 from case_env.core import llm
 from case_env.core.answers import final_segment, last_answer
-from case_env.core.environment import Score
+from case_env.core.environment import Component, Score, row_weights, weighted
 from case_env.envs.imaging import rubric
+
+COMPONENTS = (
+    Component("acc", 1.0, "the answer's letter is the truth's"),
+    Component(
+        "rubric",
+        0.0,
+        "CASE's rubric: the share of its items that apply and are met (values, visits, grounded, "
+        "follows), graded by the judge, or the rules",
+    ),
+)
 
 _LEADING_LETTER = re.compile(r"^[\s*_(\[]*([A-E])(?![A-Za-z0-9])")
 _STANDALONE_LETTER = re.compile(r"(?<![A-Za-z0-9])([A-E])(?![A-Za-z0-9])")
@@ -44,7 +54,8 @@ def letter_score(solution_str: str, ground_truth: str) -> Score:
 async def rubric_score(solution_str: str, ground_truth: str, extra: dict) -> Score:
     """The letter's reward plus the weighted rubric; the judge is asked only when the rubric counts."""
     base = letter_score(solution_str, ground_truth)
-    weight = rubric.weight()
-    client = llm.asked_judge() if rubric.judged() else None
+    weights = row_weights(COMPONENTS, extra)
+    client = llm.asked_judge() if rubric.judged(weights["rubric"]) else None
     graded = await rubric.grade(solution_str, extra, base.acc == 1.0, client)
-    return Score(base.score + weight * graded["rubric"], base.acc, base.pred, base.format_ok, graded)
+    score = weighted(COMPONENTS, {"acc": base.acc, "rubric": graded["rubric"]}, weights)
+    return Score(score, base.acc, base.pred, base.format_ok, graded)

@@ -49,40 +49,27 @@ _TOOL_TEXT, _REASONING = 6000, 3000  # characters of each the judge reads
 
 
 PREFIX = "CASE_ENV_IMAGING_RUBRIC_"
-WEIGHT = f"{PREFIX}WEIGHT"  # the variable a recipe sets for the workers
 GRADER = f"{PREFIX}GRADER"
 
 
 class RubricSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix=PREFIX, extra="ignore")
-    weight: float = Field(
-        0.0,
-        ge=0,
-        description="Weight of the rubric in the reward (score = answer + weight x rubric); 0 keeps the "
-        "answer reward alone and never asks the judge. The `case` recipes set 0.5.",
-    )
     grader: Literal["judge", "rules"] = Field(
         "judge",
-        description="Who grades a weighted rubric: the judge (CASE_ENV_JUDGE_URL; the rules stand in when it "
-        "fails or is not set), or the rules alone, said out loud (`case-env train preflight` refuses a "
-        "judged recipe without a judge otherwise).",
+        description="Who grades a weighted rubric (`reward_weights.rubric` > 0): the judge (CASE_ENV_JUDGE_URL; "
+        "the rules stand in when it fails or is not set), or the rules alone, said out loud (`case-env train "
+        "preflight` refuses a judged recipe without a judge otherwise).",
     )
 
 
-def weight() -> float:
-    """The rubric's weight in the reward, read from the environment as `RubricSettings` validates it, once per
-    value of the variables (building the settings costs more than grading a row)."""
-    return _settings(os.environ.get(WEIGHT), os.environ.get(GRADER)).weight
-
-
-def judged() -> bool:
+def judged(weight: float) -> bool:
     """The judge grades the rubric: weighted, and not left to the rules."""
-    settings = _settings(os.environ.get(WEIGHT), os.environ.get(GRADER))
-    return settings.weight > 0 and settings.grader == "judge"
+    return weight > 0 and _settings(os.environ.get(GRADER)).grader == "judge"
 
 
 @functools.cache
-def _settings(_weight: str | None, _grader: str | None) -> RubricSettings:
+def _settings(_grader: str | None) -> RubricSettings:
+    """Read once per value of the variable (building the settings costs more than grading a row)."""
     return RubricSettings()
 
 

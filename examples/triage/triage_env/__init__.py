@@ -13,7 +13,7 @@ from pathlib import Path
 
 from case_env.core.answers import final_segment, last_answer
 from case_env.core.bank import BankRow, ExtraInfo
-from case_env.core.environment import Score
+from case_env.core.environment import Component, Score, row_weights, weighted
 from case_env.core.frozen import FrozenDraw
 from case_env.core.parts import Evaluation, SynthOptions
 from case_env.core.personas import Personas
@@ -71,6 +71,7 @@ class TriageEnvironment(TextCaseEnvironment, Evaluation):
     tools = Tools("triage_env.tools")
     personas = Personas("triage_env.personas")
     synth_options = SynthOptions
+    components = (Component("acc", 1.0, "the level named is the patient's"),)
     baselines = ("nurse",)
     loop_agent = "nurse"
 
@@ -105,7 +106,8 @@ class TriageEnvironment(TextCaseEnvironment, Evaluation):
     async def score(self, solution_str: str, ground_truth: str, extra_info: dict | None) -> Score:
         answer = (last_answer(final_segment(solution_str)) or "").strip().lower()
         right = float(answer == ground_truth)
-        return Score(right, right, answer, answer in ("urgent", "routine"))
+        total = weighted(self.components, {"acc": right}, row_weights(self.components, extra_info))
+        return Score(total, right, answer, answer in ("urgent", "routine"))
 
     def policy_factory(self, agent, bank, seed):
         return lambda item, variant, repeat: Nurse()
