@@ -21,7 +21,11 @@ def server(dataset, tmp_path_factory):
 
 def test_scripted_run_writes_results_and_case_trajectories(bank, server, tmp_path):
     results = run_eval(bank / "test.parquet", server.url, "scripted", tmp_path, concurrency=3, progress=False)
-    assert set(results) == {"env", "overall", "by_data_source", "agent", "bank", "server_version", "sampling"}
+    assert set(results) == {
+        *("env", "overall", "by_data_source", "agent", "bank", "server_version", "sampling", "components")
+    }
+    # each component of the reward, its mean: the scripted agent answers right, its rubric is graded by rules
+    assert results["components"]["acc"] == 1.0 and 0.0 < results["components"]["rubric"] <= 1.0
     assert results["sampling"] == {
         "samples_per_row": 0,
         "repeats": 1,

@@ -101,3 +101,54 @@ def test_two_grpo_steps_reward_with_case_envs_reward_and_move_the_weights(traine
     )
     out_ids = model.generate(**ids, max_new_tokens=4, do_sample=False)
     assert out_ids.shape[1] > ids["input_ids"].shape[1]
+
+
+def test_grpo_refuses_reward_weights_its_rows_reward_lacks_before_a_model_loads(world, tmp_path):
+    from tests.test_cli import run
+
+    bank = str(world.banks["imaging"] / "train.parquet")
+    done = run(
+        *("train", "trl", "grpo", "--model", "no-such-model", "--bank", bank, "--out", str(tmp_path / "run")),
+        *("--server-url", world.url, "--reward-weights", "rubrik=1"),
+    )
+    assert done.returncode == 2, done.stderr
+    assert (
+        "error: --reward-weights: the imaging reward has no component 'rubrik'; choose among acc, rubric"
+        in (done.stderr)
+    )
+
+
+def test_grpo_options_reach_the_run_by_name(world, tmp_path, monkeypatch):
+    """Every option of `train trl grpo` lands in the run's field of its name (they once went by position, and
+    --resume, --train-layers and --gradient-checkpointing swapped places)."""
+    from typer.testing import CliRunner
+
+    import case_env.cli
+    from case_env.trl import commands, train
+
+    seen = []
+    monkeypatch.setattr(train, "run_grpo", lambda run: seen.append(run) or tmp_path / "final")
+    monkeypatch.setattr(commands, "model_dir", lambda model: model)
+    bank = str(world.banks["imaging"] / "train.parquet")
+    result = CliRunner().invoke(
+        case_env.cli.app,
+        [
+            *("train", "trl", "grpo", "--model", "m", "--bank", bank, "--out", str(tmp_path / "run")),
+            *(
+                "--server-url",
+                world.url,
+                "--steps",
+                "7",
+                "--train-layers",
+                "6",
+                "--no-gradient-checkpointing",
+            ),
+            *("--lora-rank", "8", "--max-completion", "300", "--reward-weights", "rubric=0.5"),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    run = seen[0]
+    assert (run.steps, run.train_layers, run.gradient_checkpointing, run.resume, run.lora_rank) == (
+        *(7, 6, False, False, 8),
+    )
+    assert run.max_completion_length == 300 and run.reward_weights == {"rubric": 0.5}

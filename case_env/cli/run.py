@@ -243,6 +243,9 @@ def eval_(
         )
     for line in evaluation_of(registry.get(results["env"])).summary_lines(results):
         typer.echo(line)
+    if results.get("components"):
+        means = ", ".join(f"{name} {value:.3f}" for name, value in results["components"].items())
+        typer.echo(f"reward components (means): {means}")
     typer.echo(f"wrote {out / 'results.json'}, {out / 'report.html'} and {out / 'trajectories.jsonl'}")
 
 

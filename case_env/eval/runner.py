@@ -237,6 +237,15 @@ class Step:
     said: bool = False  # its text went to the listener, whose reply is a user turn
 
 
+def component_means(env: Environment, records: list[dict]) -> dict[str, float]:
+    """Each component of the reward, its mean over the run's trajectories (what the score weighs)."""
+    n = max(len(records), 1)
+    return {
+        c.name: round(sum(float(r["score"].get(c.name) or 0.0) for r in records) / n, 4)
+        for c in env.components
+    }
+
+
 def transcript(steps: list[Step]) -> str:
     """An episode as verl decodes it for the reward: each turn, then its tool responses in one user turn, or
     the reply to its words as a user turn of its own."""
@@ -367,6 +376,7 @@ def run_eval(
         **({"protocol": protocol} if protocol else {}),
         "sampling": sampling_settings(env, items, agent, model, repeats, seed),
         **evaluation.summarise(records),
+        "components": component_means(env, records),
     }
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     write_report(out, env, [(agent, results)], records)

@@ -143,32 +143,38 @@ def grpo(
         _refuse(f"{bank} is not a bank parquet file (e.g. data/bank/train.parquet)")
     if not reachable(server_url):
         _refuse(f"no case-env server answers at {server_url}: start one with `case-env serve`")
+    from case_env.trl.data import grpo_rows
+
     try:
         weights = parse_weights(reward_weights)
     except ValueError as exc:
         _refuse(f"--reward-weights {exc}")
-    run = GRPORun(
-        model_dir(model),  # after the cheap checks: preparing a known model takes a while
-        bank,
-        out,
-        server_url,
-        steps,
-        prompts_per_step,
-        generations,
-        max_completion,
-        max_tool_calls,
-        learning_rate,
-        temperature,
-        beta,
-        limit,
-        save_steps,
-        seed,
-        use_vllm,
-        lora_rank,
-        resume,
-        gradient_checkpointing,
-        train_layers,
-        weights,
+    try:  # the bank's rows and the weights' names, before a model loads
+        grpo_rows(bank, limit, weights)
+    except ValueError as exc:
+        _refuse(str(exc))
+    run = GRPORun(  # by name: the options and the run's fields are not in the same order
+        model=model_dir(model),  # after the cheap checks: preparing a known model takes a while
+        bank=bank,
+        out=out,
+        server_url=server_url,
+        steps=steps,
+        prompts_per_step=prompts_per_step,
+        generations=generations,
+        max_completion_length=max_completion,
+        max_tool_calls=max_tool_calls,
+        learning_rate=learning_rate,
+        temperature=temperature,
+        beta=beta,
+        limit=limit,
+        save_steps=save_steps,
+        seed=seed,
+        use_vllm=use_vllm,
+        lora_rank=lora_rank,
+        train_layers=train_layers,
+        resume=resume,
+        gradient_checkpointing=gradient_checkpointing,
+        reward_weights=weights,
     )
     final = run_grpo(run)
     typer.echo(f"wrote {final} ({out / 'curve.png'}, {out / 'log.jsonl'})")

@@ -3,7 +3,7 @@
 verl scores the response as it decodes it (the model's turns and the tool turns between them, special tokens
 skipped) with the calls that ran in `extra_info`; TRL's completion ids hold the same turns (its tool loop
 appends the template's tool turns), and the environment holds the calls, so the reward reads the same text
-and the same calls. The reward's components (accuracy, format, calls) are logged as metrics beside it, and
+and the same calls. Every number of the reward (its components, accuracy, format) and the calls are logged as metrics beside it, and
 each rollout (its text, episode, calls and reward) is kept for the run's `rollouts.jsonl`.
 """
 
@@ -72,12 +72,13 @@ def _rollout(step: int | None, source: str, text: str, truth: str, extra: str, e
 
 
 def metrics(scored: list[dict], environments: list) -> dict[str, float]:
-    """Means over a batch's rollouts: the reward's accuracy and format, the calls made and accepted."""
+    """Means over a batch's rollouts: every number of the reward (its components, accuracy, format, the
+    infrastructure's counts), as verl logs them each step, and the calls made and accepted."""
     n = max(len(scored), 1)
     calls = [c for env in environments for c in env.calls]
+    numbers = [k for k, v in (scored[0] if scored else {}).items() if isinstance(v, int | float)]
     return {
-        "case_env/acc": sum(float(s["acc"]) for s in scored) / n,
-        "case_env/format_ok": sum(bool(s["format_ok"]) for s in scored) / n,
+        **{f"case_env/{k}": sum(float(s.get(k) or 0.0) for s in scored) / n for k in numbers},
         "case_env/tool_calls": len(calls) / n,
         "case_env/calls_ok": sum(c.ok for c in calls) / n,
     }
