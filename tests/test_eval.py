@@ -24,8 +24,11 @@ def test_scripted_run_writes_results_and_case_trajectories(bank, server, tmp_pat
     assert set(results) == {
         *("env", "overall", "by_data_source", "agent", "bank", "server_version", "sampling", "components")
     }
-    # each component of the reward, its mean: the scripted agent answers right, its rubric is graded by rules
-    assert results["components"]["acc"] == 1.0 and 0.0 < results["components"]["rubric"] <= 1.0
+    # each component of the reward, its mean over the run: the answer's is the run's accuracy
+    records = list(read(tmp_path / FILENAME))
+    assert results["components"]["acc"] == round(sum(r["score"]["acc"] for r in records) / len(records), 4)
+    assert results["components"]["acc"] == pytest.approx(results["overall"]["accuracy"], abs=1e-4)
+    assert 0.0 < results["components"]["rubric"] <= 1.0
     assert results["sampling"] == {
         "samples_per_row": 0,
         "repeats": 1,
