@@ -19,7 +19,6 @@ from pydantic import ValidationError
 
 from case_env.core import llm, registry
 from case_env.core.calls import FIELD, Call, whole_numbers, written_calls
-from case_env.core.environment import unknown_weights
 from case_env.core.problems import describe_errors
 
 if TYPE_CHECKING:
@@ -62,16 +61,10 @@ def environment_of(data_source: str, extra_info: dict | None) -> Environment:
     """The row's environment, once its `extra_info` passed the rewards' model (`registry.row_extra`; a
     RowError names the path of each problem)."""
     try:
-        checked = registry.row_extra().model_validate(
-            whole_numbers(extra_info) if isinstance(extra_info, dict) else {}
-        )
+        registry.row_extra().model_validate(whole_numbers(extra_info) if isinstance(extra_info, dict) else {})
     except ValidationError as exc:
         raise RowError(describe_errors(exc.errors(include_url=False), ("extra_info",))) from None
-    env = registry.for_row(data_source, extra_info)
-    wrong = unknown_weights(env, checked.reward_weights or {})  # type: ignore[attr-defined]
-    if wrong:
-        raise RowError(f"extra_info.reward_weights: {wrong}")
-    return env
+    return registry.for_row(data_source, extra_info)
 
 
 Scored = Callable[[], Coroutine[Any, Any, dict[str, Any]]]

@@ -16,9 +16,9 @@ import ast
 import json
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, ValidationError
+from pydantic import AllowInfNan, BaseModel, ConfigDict, Field, Strict, ValidationError
 
 from case_env.core.answers import model_text
 from case_env.core.tags import Tagged
@@ -112,6 +112,10 @@ def whole_numbers(value: Any) -> Any:
 MAX_SCORED_CALLS = 1024
 
 
+# a reward weight as /openapi.json says it: a finite number, never a string or a boolean
+Weight = Annotated[float, Strict(), AllowInfNan(False)]
+
+
 class ScoreExtra(BaseModel):
     """The part of a row's `extra_info` every reward may read: its environment and the episode's executed
     calls. An environment's reward that reads more subclasses it (`Environment.score_extra`); a row that does
@@ -121,7 +125,7 @@ class ScoreExtra(BaseModel):
 
     env: str | None = None
     case_env_tool_calls: list[Call] | None = Field(None, max_length=MAX_SCORED_CALLS)
-    reward_weights: dict[str, FiniteFloat] | None = Field(
+    reward_weights: dict[str, Weight] | None = Field(
         None,
         max_length=64,
         description="The row's weight of each reward component it names (`case-env envs` lists them); the "

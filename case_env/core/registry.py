@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, create_model
 
+from case_env.core.calls import Weight
 from case_env.core.environment import Environment
 from case_env.core.parts import Benchmarks, Commands, Data, Evaluation, Training, evaluation_of
 from case_env.core.text_cases import TextCases
@@ -161,17 +162,29 @@ def for_tool(tool: str) -> Environment | None:
 @cache
 def row_extra() -> type[BaseModel]:
     """The part of a row's `extra_info` any reward reads, as one model: every environment's `score_extra`
-    merged, `env` one of the registered names. A row is checked against all of it whichever environment
-    scores it: a malformed block is malformed wherever the row is routed, and /openapi.json can say exactly
-    what /v1/score accepts."""
+    merged, `env` one of the registered names, `reward_weights` named by the components of their rewards. A row
+    is checked against all of it whichever environment scores it: a malformed block is malformed wherever the
+    row is routed, and /openapi.json can say exactly what /v1/score accepts. A weight of another environment's
+    component is kept and not read, as that environment's block is (a recipe gives every row of a mixed bank
+    the same weights); a name no reward has is refused, with the names there are."""
     environments = _loaded()[0]
     bases = tuple(dict.fromkeys(env.score_extra for env in environments.values()))
     names = Literal.__getitem__(tuple(sorted(environments)))  # type: ignore[attr-defined]
+    components = sorted({c.name for env in environments.values() for c in env.components})
+    weights: dict[str, Any] = {}
+    if components:
+        named = Literal.__getitem__(tuple(components))  # type: ignore[attr-defined]
+        described = "The row's weight of each reward component it names (`case-env envs` lists them)."
+        weights["reward_weights"] = (
+            dict[named, Weight] | None,  # type: ignore[valid-type]
+            Field(None, max_length=64, description=described),
+        )
     return create_model(
         "RowExtra",
         __base__=bases,
         __doc__="A row's extra_info as the rewards read it (more keys are kept and not read).",
         env=(names | None, Field(None, description="The environment that scores the row.")),
+        **weights,
     )
 
 

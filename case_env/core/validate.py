@@ -18,7 +18,6 @@ from pydantic import ValidationError
 
 from case_env.core import registry
 from case_env.core.bank import AGENT_NAMES, REQUIRED_COLUMNS, REQUIRED_EXTRA, BankError, ExtraInfo, read_bank
-from case_env.core.environment import unknown_weights
 from case_env.core.parts import Data, Training
 
 
@@ -91,10 +90,6 @@ def _check_row(row: dict, tool_names: set[str]) -> list[str]:
                 problems += [
                     f"extra_info.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:3]
                 ]
-    weights = extra.get("reward_weights")
-    wrong = unknown_weights(env, weights) if isinstance(weights, dict) else None
-    if wrong:
-        problems.append(f"extra_info.reward_weights: {wrong}")
     if isinstance(env, Data):
         problems += env.check_row(row, extra)
     if (
