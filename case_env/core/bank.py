@@ -150,11 +150,11 @@ class BankRow(BaseModel):
 
 def weigh_rows(result: BankResult, weights: dict[str, float]) -> None:
     """Give every row of a built bank these reward weights (`extra_info.reward_weights`), over its own."""
-    from case_env.core.environment import weighed  # the contract imports this module
+    from case_env.core.environment import with_weights  # the contract imports this module
 
     for rows in result.rows.values():
         for row in rows:
-            row["extra_info"] = json.dumps(weighed(json.loads(row["extra_info"]), weights))
+            row["extra_info"] = json.dumps(with_weights(json.loads(row["extra_info"]), weights))
 
 
 def tools_kwargs(patient_id: str, tools: Iterable[str], **create: Any) -> dict[str, dict]:

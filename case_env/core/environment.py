@@ -70,14 +70,14 @@ class Component:
 
 
 def row_weights(components: Sequence[Component], extra_info: Mapping[str, Any] | None) -> dict[str, float]:
-    """Each component's weight for one row: the row's `extra_info.reward_weights[name]`, else its default.
-    (The names were checked when the row was: `reward.environment_of`.)"""
+    """Each component's weight for one row: the row's `extra_info.reward_weights[name]`, else its default. A
+    weight of another environment's component is not read (`registry.row_extra` refuses names no reward has)."""
     given = extra_info.get("reward_weights") if isinstance(extra_info, Mapping) else None
     own = given if isinstance(given, Mapping) else {}
     return {c.name: float(own.get(c.name, c.weight)) for c in components}
 
 
-def weighed(extra_info: dict, weights: Mapping[str, float] | None) -> dict:
+def with_weights(extra_info: dict, weights: Mapping[str, float] | None) -> dict:
     """A row's `extra_info` with `weights` over its own reward weights (a bank built, a recipe or a run
     giving every row the same)."""
     if not weights:

@@ -409,9 +409,8 @@ class Training:
     said: ClassVar[str] = ""
     # what a call of a tool the row does not offer gets back (the server is not called)
     not_offered: ClassVar[str] = "This tool is not available."
-    closing: ClassVar[str] = (
-        ""  # a final turn's answer in the environment's own form (rehearsals end with it)
-    )
+    # a final turn's answer in the environment's own form (rehearsals end with it)
+    closing: ClassVar[str] = ""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

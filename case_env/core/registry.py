@@ -175,6 +175,7 @@ def row_extra() -> type[BaseModel]:
     if components:
         named = Literal.__getitem__(tuple(components))  # type: ignore[attr-defined]
         described = "The row's weight of each reward component it names (`case-env envs` lists them)."
+        # `ScoreExtra.reward_weights`, its keys narrowed to the registered rewards' component names
         weights["reward_weights"] = (
             dict[named, Weight] | None,  # type: ignore[valid-type]
             Field(None, max_length=64, description=described),

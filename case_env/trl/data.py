@@ -16,7 +16,7 @@ from typing import Any
 
 from case_env.core import registry
 from case_env.core.bank import load_items
-from case_env.core.environment import Environment, unknown_weights, weighed
+from case_env.core.environment import Environment, unknown_weights, with_weights
 from case_env.trl.episode import CaseEpisode, episode_class
 
 
@@ -54,7 +54,7 @@ def grpo_rows(
                 "environment": key,
                 "data_source": item.data_source,
                 "ground_truth": item.ground_truth,
-                "extra_info": json.dumps(weighed(item.extra, weights)),
+                "extra_info": json.dumps(with_weights(item.extra, weights)),
             }
         )
     return env, rows, tool_sets

@@ -27,7 +27,7 @@ from verl.utils.dataset.rl_dataset import RLHFDataset
 from verl.utils.tokenizer import build_multimodal_processor_inputs, normalize_token_ids
 
 from case_env.core import registry
-from case_env.core.environment import weighed
+from case_env.core.environment import with_weights
 from case_env.core.parts import Training
 
 
@@ -47,7 +47,7 @@ class _DecodedRows:
         if isinstance(item, int) and isinstance(row.get("extra_info"), str):
             row["extra_info"] = json.loads(row["extra_info"])
         if isinstance(item, int) and self._weights and isinstance(row.get("extra_info"), dict):
-            row["extra_info"] = weighed(row["extra_info"], self._weights)
+            row["extra_info"] = with_weights(row["extra_info"], self._weights)
         return row
 
     def __getattr__(self, name: str) -> Any:
