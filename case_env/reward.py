@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from case_env.core import llm, registry
-from case_env.core.calls import FIELD, Call, whole_numbers, written_calls
+from case_env.core.calls import ScoreExtra, whole_numbers, written_calls
 from case_env.core.problems import describe_errors
 
 if TYPE_CHECKING:
@@ -57,14 +57,15 @@ class RowError(ValueError):
     """A row its environment's reward cannot read (`extra_info` of the wrong shape): the caller's fault."""
 
 
-def environment_of(data_source: str, extra_info: dict | None) -> Environment:
-    """The row's environment, once its `extra_info` passed the rewards' model (`registry.row_extra`; a
-    RowError names the path of each problem)."""
+def read_row(data_source: str, extra_info: dict | None) -> tuple[Environment, ScoreExtra]:
+    """The row's environment and its `extra_info` as the rewards' model reads it (`registry.row_extra`,
+    every environment's `score_extra` at once): the one validation a row gets. A RowError names the path of
+    each problem."""
     try:
-        registry.row_extra().model_validate(whole_numbers(extra_info) if isinstance(extra_info, dict) else {})
+        extra = registry.row_extra().model_validate(whole_numbers(extra_info or {}))
     except ValidationError as exc:
         raise RowError(describe_errors(exc.errors(include_url=False), ("extra_info",))) from None
-    return registry.for_row(data_source, extra_info)
+    return registry.for_row(data_source, {"env": extra.env}), extra
 
 
 Scored = Callable[[], Coroutine[Any, Any, dict[str, Any]]]
@@ -76,8 +77,7 @@ def scorer(
     """The row's environment and its reward as a coroutine function of nothing: the row checked and its text
     capped once, its score computed (and its judge awaited) each time it is called. verl, `/v1/score` and
     eval all score through it."""
-    extra = whole_numbers(extra_info) if isinstance(extra_info, dict) else None
-    env = environment_of(data_source, extra)
+    env, extra = read_row(data_source, extra_info if isinstance(extra_info, dict) else None)
     text = capped(solution_str)
 
     async def scored() -> dict[str, Any]:
@@ -89,14 +89,12 @@ def scorer(
 FAILURE_KEYS = ("infra_error", "calls_dropped")  # every environment's reward has them
 
 
-def failures(env: Environment, text: str, extra_info: dict | None) -> dict[str, float]:
+def failures(env: Environment, text: str, extra: ScoreExtra) -> dict[str, float]:
     """What went wrong for the infrastructure, as numbers verl logs each step: calls the service failed
     (`infra_error`) and calls the model wrote that never ran (`calls_dropped`: past a turn's limit, say)."""
-    extra = extra_info if isinstance(extra_info, dict) else {}
-    recorded = extra.get(FIELD)
-    if not isinstance(recorded, list):  # a transcript scored on its own: its calls are what it says
+    ran = extra.case_env_tool_calls
+    if ran is None:  # a transcript scored on its own: its calls are what it says
         return {"infra_error": 0.0, "calls_dropped": 0.0}
-    ran = [Call.from_record(r) for r in recorded if isinstance(r, dict)]
     written = len(written_calls(text))
     return {
         "infra_error": float(sum(c.infra_error for c in ran)),

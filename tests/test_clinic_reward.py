@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from case_env.core.calls import Call
 from case_env.core.llm import ChatClient, LLMSettings
 from case_env.envs.clinic import reward as rewarding
 from case_env.envs.clinic.reward import appropriateness, ordered_tools, strict_cost
@@ -170,7 +171,9 @@ def test_tool_output_can_neither_answer_nor_order_exams():
     faithful = clinic_score(
         trajectory(call("xray", region="moon")), "Pneumonia", {"clinic": {"exams": WORKUP}, **refused}
     )
-    assert faithful["exams"] == 1 and ordered_tools("", refused) == [("xray", {"region": "moon"})]
+    assert faithful["exams"] == 1 and ordered_tools([], [Call(**refused["case_env_tool_calls"][0])]) == [
+        ("xray", {"region": "moon"})
+    ]
 
 
 def _client(tmp_path, url: str) -> ChatClient:

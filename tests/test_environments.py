@@ -369,7 +369,8 @@ def test_calls_count_the_same_from_executed_calls_hermes_and_qwen3_coder(turns, 
     assert scores[0] == scores[1] == scores[2]
     assert scores[0]["acc"] == 1.0
     # the executed calls decide: a transcript that lost its calls scores as the calls that ran say
-    assert executed_calls("", {FIELD: ran}, registry.tool_parameters)[0].tool == turns[0][0]
+    recorded = [Call.model_validate(r) for r in ran]
+    assert executed_calls("", recorded, registry.tool_parameters)[0].tool == turns[0][0]
 
 
 def test_qwen3_coder_values_take_the_schema_types():

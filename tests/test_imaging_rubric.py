@@ -49,7 +49,11 @@ def item_means(records: list[dict], extras: dict) -> dict[str, tuple[float, int]
     """Each item's mean over the rows it applies to, and how many those are."""
     out = {}
     for item in EVIDENCE_ITEMS:
-        rows = [r for r in records if rubric.Rubric.of(extras[r["question_id"]]).applicable()[item]]
+        rows = [
+            r
+            for r in records
+            if rubric.Rubric.of(rubric.ImagingScoreExtra.read(extras[r["question_id"]])).applicable()[item]
+        ]
         out[item] = (sum(r["score"][f"rubric_{item}"] for r in rows) / len(rows), len(rows))
     return out
 
@@ -153,7 +157,7 @@ def test_values_match_at_the_precision_they_were_written():
         'It reads: "no significant abnormality of the solid organs"', "1. No significant abnormality of"
     )
     assert not rubric.quotes("no significant change", "1. No significant abnormality of")
-    assert rubric.question_visits([{"tool": "compare_organ_volume", "arguments": {}}]) == {
+    assert rubric.question_visits([rubric.EvidenceCall(tool="compare_organ_volume", arguments={})]) == {
         "baseline",
         "follow_up",
     }

@@ -15,10 +15,10 @@ from __future__ import annotations
 import ast
 import json
 import re
-from collections.abc import Callable
-from typing import Annotated, Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Annotated, Any, Self
 
-from pydantic import AllowInfNan, BaseModel, ConfigDict, Field, Strict, ValidationError
+from pydantic import AllowInfNan, BaseModel, ConfigDict, Field, Strict
 
 from case_env.core.answers import model_text
 from case_env.core.tags import Tagged
@@ -70,20 +70,6 @@ class Call(BaseModel):
         """As JSON-ready data, without the fields no one set."""
         return self.model_dump(exclude_none=True)
 
-    @classmethod
-    def from_record(cls, record: dict[str, Any]) -> Call:
-        """A recorded call, leniently: a field of the wrong type is left at its default, never a crash (a
-        reward reads what a client wrote)."""
-        try:
-            return cls.model_validate(record, strict=False)
-        except ValidationError:
-            arguments = record.get("arguments")
-            return cls(
-                tool=str(record.get("tool", "")),
-                arguments=arguments if isinstance(arguments, dict) else {},
-                status=str(record.get("status", "ok")),
-            )
-
 
 def decoded(value: Any) -> Any:
     """A block of `extra_info` stored as a JSON string (MedExAgent's parquet, some banks) as its object."""
@@ -131,6 +117,17 @@ class ScoreExtra(BaseModel):
         description="The row's weight of each reward component it names (`case-env envs` lists them); the "
         "others keep their environment's default.",
     )
+
+    @classmethod
+    def read(cls, extra: BaseModel | Mapping[str, Any] | None) -> Self:
+        """`extra` as this model: passed through when the reward's entry validated it (`reward.scorer` gives
+        every environment the row's one validated `extra_info`), validated here once for a caller of a
+        reward function with a plain dict."""
+        if isinstance(extra, cls):
+            return extra
+        if isinstance(extra, BaseModel):
+            extra = extra.model_dump()
+        return cls.model_validate(whole_numbers(dict(extra or {})))
 
 
 # what parsing a model's text may raise besides a syntax error: nesting deeper than the interpreter's stack
@@ -214,14 +211,12 @@ def written_calls(solution_str: str, schemas: dict[str, dict] | None = None) -> 
 
 
 def executed_calls(
-    solution_str: str, extra_info: dict | None, parameters: Callable[[], dict[str, dict]]
+    solution_str: str, recorded: Sequence[Call] | None, parameters: Callable[[], dict[str, dict]]
 ) -> list[Call]:
-    """The episode's calls: as they ran (from `extra_info`) when recorded, else as written in the text, their
-    values typed by `parameters()` (the tools' parameter schemas by name; read only when needed)."""
-    extra = extra_info if isinstance(extra_info, dict) else {}
-    recorded = extra.get(FIELD)
-    if isinstance(recorded, list | tuple):
-        return [Call.from_record(r) for r in recorded if isinstance(r, dict)]
+    """The episode's calls: as they ran (`extra_info`'s, validated) when recorded, else as written in the text,
+    their values typed by `parameters()` (the tools' parameter schemas by name; read only when needed)."""
+    if recorded is not None:
+        return list(recorded)
     written = written_calls(solution_str, parameters())
     return [Call(tool=name, arguments=arguments) for name, arguments in written]
 

@@ -69,11 +69,11 @@ class Component:
     about: str
 
 
-def row_weights(components: Sequence[Component], extra_info: Mapping[str, Any] | None) -> dict[str, float]:
-    """Each component's weight for one row: the row's `extra_info.reward_weights[name]`, else its default. A
-    weight of another environment's component is not read (`registry.row_extra` refuses names no reward has)."""
-    given = extra_info.get("reward_weights") if isinstance(extra_info, Mapping) else None
-    own = given if isinstance(given, Mapping) else {}
+def row_weights(components: Sequence[Component], given: Mapping[str, float] | None) -> dict[str, float]:
+    """Each component's weight for one row: the row's own (`extra_info.reward_weights[name]`, `given`), else
+    its default. A weight of another environment's component is not read (`registry.row_extra` refuses names
+    no reward has)."""
+    own = given or {}
     return {c.name: float(own.get(c.name, c.weight)) for c in components}
 
 
@@ -165,5 +165,7 @@ class Environment(ABC):
         return settings
 
     @abstractmethod
-    async def score(self, solution_str: str, ground_truth: str, extra_info: dict | None) -> Score:
-        """The row's reward; a coroutine, so a judge's reply is awaited, holding no thread."""
+    async def score(self, solution_str: str, ground_truth: str, extra: ScoreExtra | Mapping | None) -> Score:
+        """The row's reward; a coroutine, so a judge's reply is awaited, holding no thread. `extra` is the
+        row's `extra_info` as `reward.scorer` validated it (`score_extra` reads it without a second pass), or
+        a plain caller's dict, validated by `score_extra` once."""

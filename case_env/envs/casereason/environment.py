@@ -3,14 +3,14 @@ judged diagnosis in <answer>, k attempts, and recall of the clinician's reasonin
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, Field
 
 from case_env.core.bank import CASE_EXTRA, Item
-from case_env.core.calls import Call
+from case_env.core.calls import Call, ScoreExtra
 from case_env.core.environment import Environment, Score
 from case_env.core.parts import (
     BankBuild,
@@ -123,10 +123,10 @@ class CaseReasonEnvironment(Environment, TextCases, Evaluation, Training, Benchm
         }
         return BankBuild(result, meta, table, Problems(loaded.problems))
 
-    async def score(self, solution_str: str, ground_truth: str, extra_info: dict | None) -> Score:
+    async def score(self, solution_str: str, ground_truth: str, extra: ScoreExtra | Mapping | None) -> Score:
         from case_env.envs.casereason.reward import casereason_score
 
-        return Score.of(await casereason_score(solution_str, ground_truth, extra_info))
+        return Score.of(await casereason_score(solution_str, ground_truth, extra))
 
     # -- data -----------------------------------------------------------------------------------------
     def synthesize(self, options: SynthOptions, echo: Callable[[str], object]) -> None:

@@ -20,6 +20,7 @@ recall, attempts, first_correct.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
@@ -89,12 +90,6 @@ class ReasoningScoreExtra(ScoreExtra):
     casereason: Annotated[ReasoningRecord | None, BeforeValidator(decoded)] = None
 
 
-def settings_of(extra_info: dict | None) -> dict:
-    extra = extra_info if isinstance(extra_info, dict) else {}
-    record = ReasoningScoreExtra.model_validate(extra).casereason or ReasoningRecord()
-    return record.model_dump()
-
-
 def attempts_of(calls: list[Call], final: str | None) -> list[str]:
     submitted = [
         str(c.arguments.get("diagnosis", "")).strip()
@@ -118,23 +113,29 @@ async def first_correct(attempts: list[str], truth: str, client: Asker | None) -
 
 
 async def casereason_score(
-    solution_str: str, ground_truth: str, extra_info: dict | None = None, client: Asker | None = None
+    solution_str: str,
+    ground_truth: str,
+    extra_info: ScoreExtra | Mapping | None = None,
+    client: Asker | None = None,
 ) -> dict[str, Any]:
     text = solution_str or ""
-    settings = settings_of(extra_info)
-    k = max(1, int(settings.get("attempts", 1)))
-    final, tagged = extract_answer(text, str(settings.get("extraction") or "strict"))
+    extra = ReasoningScoreExtra.read(extra_info)
+    settings = extra.casereason or ReasoningRecord()
+    k = settings.attempts
+    final, tagged = extract_answer(text, settings.extraction)
     trace = "\n".join(_THINK.findall(model_text(text)))
     client = client if client is not None else asked_judge()
-    attempts = attempts_of(executed_calls(text, extra_info, registry.tool_parameters), final)[:k]
+    attempts = attempts_of(executed_calls(text, extra.case_env_tool_calls, registry.tool_parameters), final)[
+        :k
+    ]
     # the attempts in turn (the next is judged after a "no"), beside the recall's questions
     (first, how), recall = await asyncio.gather(
         first_correct(attempts, str(ground_truth), client),
-        reasoning_recall(list(settings.get("statements") or []), trace, client),
+        reasoning_recall(settings.statements, trace, client),
     )
     credit = 1 - (first - 1) / k if first else 0.0
     score = weighted(
-        COMPONENTS, {"credit": credit, "recall": recall.value}, row_weights(COMPONENTS, extra_info)
+        COMPONENTS, {"credit": credit, "recall": recall.value}, row_weights(COMPONENTS, extra.reward_weights)
     )
     return {
         "score": round(score, 6),

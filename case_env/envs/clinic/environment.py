@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import BaseModel, Field
 
 from case_env.core.bank import CASE_EXTRA, Item
-from case_env.core.calls import Call
+from case_env.core.calls import Call, ScoreExtra
 from case_env.core.environment import Environment, Score
 from case_env.core.parts import (
     BankBuild,
@@ -260,10 +260,10 @@ class ClinicEnvironment(Environment, TextCases, Evaluation, Training, Benchmarks
         }
         return BankBuild(result, meta, table, Problems(loaded.problems))
 
-    async def score(self, solution_str: str, ground_truth: str, extra_info: dict | None) -> Score:
+    async def score(self, solution_str: str, ground_truth: str, extra: ScoreExtra | Mapping | None) -> Score:
         from case_env.envs.clinic.reward import clinic_score
 
-        return Score.of(await clinic_score(solution_str, ground_truth, extra_info))
+        return Score.of(await clinic_score(solution_str, ground_truth, extra))
 
     # -- data -----------------------------------------------------------------------------------------
     def synthesize(self, options: SynthOptions, echo: Callable[[str], object]) -> None:

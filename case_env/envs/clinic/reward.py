@@ -21,6 +21,7 @@ matched), `acc_lenient` at least one, as MedExAgent's evaluation reports them.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
@@ -28,7 +29,6 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from case_env.core import registry
 from case_env.core.answers import ANSWER_TAG, TOOL_RESPONSE, final_segment, last_answer
 from case_env.core.calls import (
-    FIELD,
     TOOL_CALL,
     Call,
     ScoreExtra,
@@ -140,16 +140,15 @@ def written_turns(solution_str: str) -> list[tuple[int, list[mx.Tool]]]:
     ]
 
 
-def ordered_tools(turns: list[tuple[int, list[mx.Tool]]], extra: dict) -> list[mx.Tool]:
+def ordered_tools(turns: list[tuple[int, list[mx.Tool]]], recorded: Sequence[Call] | None) -> list[mx.Tool]:
     """Every exam call of the episode, as called. The recorded calls (they ran, refused or not) are a
     subsequence of the calls the model wrote; a written call without a record never reached the server
     (verl refused a tool the row does not offer, or ran only the first call of a turn) and is added as
     written, since MedExAgent's executor records every call."""
     written = [(n, a) for _, calls in turns for n, a in calls if n != ASK]
-    recorded = extra.get(FIELD)
-    if not isinstance(recorded, list | tuple):
+    if recorded is None:
         return [as_tool(n, a) for n, a in written]
-    ran = [c for c in (Call.from_record(r) for r in recorded if isinstance(r, dict)) if c.tool != ASK]
+    ran = [c for c in recorded if c.tool != ASK]
     tools = [as_tool(c.tool, c.arguments) for c in ran]
     at = 0
     for name, arguments in written:
@@ -262,10 +261,13 @@ def strict_cost(ordered: list[ExamCall], necessary: list[ExamCall], discount: fl
 
 
 async def clinic_score(
-    solution_str: str, ground_truth: str, extra_info: dict | None = None, client: Asker | None = None
+    solution_str: str,
+    ground_truth: str,
+    extra_info: ScoreExtra | Mapping | None = None,
+    client: Asker | None = None,
 ) -> dict[str, Any]:
-    extra = extra_info if isinstance(extra_info, dict) else {}
-    record = ClinicScoreExtra.model_validate(extra).clinic or ClinicRecord()
+    extra = ClinicScoreExtra.read(extra_info)
+    record = extra.clinic or ClinicRecord()
     rules = record.reward
     recorded = workup(record.exams)
     truth = [tool for _, tool in recorded]
@@ -274,9 +276,9 @@ async def clinic_score(
     dx = verdict.jaccard
     turns = written_turns(solution_str)
     fmt = mx.format_penalty(*tool_turns(turns))
-    calls = executed_calls(solution_str, extra, registry.tool_parameters)
+    calls = executed_calls(solution_str, extra.case_env_tool_calls, registry.tool_parameters)
     if rules.profile == "medexagent":
-        tools = ordered_tools(turns, extra)
+        tools = ordered_tools(turns, extra.case_env_tool_calls)
         tool_match = exam_term = mx.tool_match(tools, truth)
         cost = mx.cost_penalty(tools, truth, rules.uniform_cost)
         exams = len(tools)
@@ -289,11 +291,9 @@ async def clinic_score(
         cost = strict_cost(ordered, necessary, rules.necessary_discount)
         exams = len(ordered)
     values = {"dx": dx, "exam_score": exam_term, "cost": cost, "format": fmt}
-    score = weighted(COMPONENTS, values, row_weights(COMPONENTS, extra))
+    score = weighted(COMPONENTS, values, row_weights(COMPONENTS, extra.reward_weights))
     # MedExAgent's evaluation counts a call of a tool outside the case's list as hallucinated
-    offered = (
-        set(extra.get("tool_selection") or ()) if isinstance(extra.get("tool_selection"), list) else set()
-    )
+    offered = set(extra.tool_selection or ())
     hallucinated = 0 if not offered or ORDER in offered else sum(1 for n, _ in tools if n not in offered)
     asks = sum(1 for c in calls if c.tool == ASK and c.ok)
     return {

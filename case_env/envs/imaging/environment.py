@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 from pydantic import Field
 
 from case_env.core.bank import CASE_EXTRA, Item, reference_rows
+from case_env.core.calls import ScoreExtra
 from case_env.core.environment import Environment, Score, row_weights
 from case_env.core.errors import CommandError
 from case_env.core.parts import (
@@ -105,7 +106,7 @@ class ImagingEnvironment(Environment, Data, Evaluation, Training, Benchmarks, Co
 
     def asks_judge(self, settings: Mapping[str, str], weights: Mapping[str, float]) -> bool:
         """Only a weighted rubric asks the judge, unless it is left to the rules (rubric.py)."""
-        rubric = row_weights(COMPONENTS, {"reward_weights": weights})["rubric"]
+        rubric = row_weights(COMPONENTS, weights)["rubric"]
         return rubric > 0 and settings.get(GRADER, "judge") == "judge"
 
     def bench_server(self, options: ServerBenchOptions, echo: Callable[[str], object]) -> dict:
@@ -169,10 +170,10 @@ class ImagingEnvironment(Environment, Data, Evaluation, Training, Benchmarks, Co
         }
         return BankBuild(result, meta, table, problems)
 
-    async def score(self, solution_str: str, ground_truth: str, extra_info: dict | None) -> Score:
+    async def score(self, solution_str: str, ground_truth: str, extra: ScoreExtra | Mapping | None) -> Score:
         from case_env.envs.imaging.reward import rubric_score
 
-        return await rubric_score(solution_str, ground_truth, extra_info or {})
+        return await rubric_score(solution_str, ground_truth, extra)
 
     def check_row(self, row: dict, extra: dict) -> list[str]:
         options = extra.get("options")

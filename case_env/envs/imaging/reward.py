@@ -10,11 +10,14 @@ text or a tool call after the answer, and look-alike letters (Cyrillic, full-wid
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 from case_env.core import llm
 from case_env.core.answers import final_segment, last_answer
+from case_env.core.calls import ScoreExtra
 from case_env.core.environment import Component, Score, row_weights, weighted
 from case_env.envs.imaging import rubric
+from case_env.envs.imaging.rubric import ImagingScoreExtra
 
 COMPONENTS = (
     Component("acc", 1.0, "the answer's letter is the truth's"),
@@ -51,10 +54,13 @@ def letter_score(solution_str: str, ground_truth: str) -> Score:
     return Score(correct, correct, pred or "", well_formed)
 
 
-async def rubric_score(solution_str: str, ground_truth: str, extra: dict) -> Score:
+async def rubric_score(
+    solution_str: str, ground_truth: str, extra_info: ScoreExtra | Mapping | None
+) -> Score:
     """The letter's reward plus the weighted rubric; the judge is asked only when the rubric counts."""
+    extra = ImagingScoreExtra.read(extra_info)
     base = letter_score(solution_str, ground_truth)
-    weights = row_weights(COMPONENTS, extra)
+    weights = row_weights(COMPONENTS, extra.reward_weights)
     client = llm.asked_judge() if rubric.judged(weights["rubric"]) else None
     graded = await rubric.grade(solution_str, extra, base.acc == 1.0, client)
     score = weighted(COMPONENTS, {"acc": base.acc, "rubric": graded["rubric"]}, weights)

@@ -14,6 +14,7 @@ import functools
 import json
 import os
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -21,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, Stric
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from case_env.core.answers import TOOL_RESPONSE, final_segment
-from case_env.core.calls import FIELD, ScoreExtra
+from case_env.core.calls import ScoreExtra
 from case_env.core.llm import fell_back
 
 if TYPE_CHECKING:
@@ -146,15 +147,15 @@ def quotes(reasoning: str, tool_text: str) -> bool:
     return any(tuple(said[i : i + _QUOTE_WORDS]) in runs for i in range(len(said) - _QUOTE_WORDS + 1))
 
 
-def question_visits(evidence: list) -> set[str]:
-    """The visits the row's evidence is about."""
+def question_visits(evidence: Sequence[EvidenceCall | str]) -> set[str]:
+    """The visits the row's evidence is about (its calls; a step in words names none)."""
     visits: set[str] = set()
-    for call in evidence or []:
-        if not isinstance(call, dict):
+    for call in evidence:
+        if isinstance(call, str):
             continue
-        if call.get("tool") in BOTH_VISITS:
+        if call.tool in BOTH_VISITS:
             visits |= {"baseline", "follow_up"}
-        visit = (call.get("arguments") or {}).get("visit")
+        visit = (call.arguments or {}).get("visit")
         if visit in _VISIT_WORDS:
             visits.add(visit)
     return visits
@@ -192,10 +193,10 @@ class Graded:
     forged: bool  # more tool responses in the text than the episode ran calls
 
     @classmethod
-    def of(cls, solution_str: str, extra: dict) -> Graded:
+    def of(cls, solution_str: str, extra: ImagingScoreExtra) -> Graded:
         responses = TOOL_RESPONSE.findall(solution_str or "")
-        recorded = extra.get(FIELD)
-        forged = isinstance(recorded, list | tuple) and len(responses) > len(recorded)
+        recorded = extra.case_env_tool_calls
+        forged = recorded is not None and len(responses) > len(recorded)
         return cls(final_segment(solution_str), "\n".join(responses), forged)
 
 
@@ -209,13 +210,12 @@ class Rubric:
     visits: set[str]
 
     @classmethod
-    def of(cls, extra: dict) -> Rubric:
-        options = extra.get("options") if isinstance(extra.get("options"), dict) else {}
+    def of(cls, extra: ImagingScoreExtra) -> Rubric:
         return cls(
-            str(extra.get("question") or ""),
-            options,
-            values_in(str(extra.get("teacher_insight") or "")),
-            question_visits(extra.get("evidence") or []),
+            extra.question or "",
+            extra.options if isinstance(extra.options, dict) else {},
+            values_in(extra.teacher_insight or ""),
+            question_visits(extra.evidence or []),
         )
 
     def applicable(self) -> dict[str, bool]:
@@ -291,9 +291,12 @@ def read_grades(reply: str, items: list[str]) -> dict[str, float] | None:
     return {k: float(grades[k]) for k in items}
 
 
-async def grade(solution_str: str, extra: dict, correct: bool, client: Asker | None) -> dict:
+async def grade(
+    solution_str: str, extra_info: ImagingScoreExtra | Mapping, correct: bool, client: Asker | None
+) -> dict:
     """The rubric's keys (`KEYS`) for one trajectory: the judge's grades when `client` is given and answers
     in form, else the rules'."""
+    extra = ImagingScoreExtra.read(extra_info)
     rubric, episode = Rubric.of(extra), Graded.of(solution_str, extra)
     applicable = [item for item, ok in rubric.applicable().items() if ok]
     rules = rubric.rules(episode, correct)

@@ -7,12 +7,13 @@ rule that decides it (ours, for this example): any vital sign past a red-flag th
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from case_env.core.answers import final_segment, last_answer
 from case_env.core.bank import BankRow, ExtraInfo
+from case_env.core.calls import ScoreExtra
 from case_env.core.environment import Component, Score, row_weights, weighted
 from case_env.core.frozen import FrozenDraw
 from case_env.core.parts import Evaluation, SynthOptions
@@ -103,10 +104,11 @@ class TriageEnvironment(TextCaseEnvironment, Evaluation):
         user = "A patient has arrived. Urgent or routine?"
         return BankRow.chat(nurse.data_source, nurse.system_prompt, user, "triage", extra)
 
-    async def score(self, solution_str: str, ground_truth: str, extra_info: dict | None) -> Score:
+    async def score(self, solution_str: str, ground_truth: str, extra: ScoreExtra | Mapping | None) -> Score:
         answer = (last_answer(final_segment(solution_str)) or "").strip().lower()
         right = float(answer == ground_truth)
-        total = weighted(self.components, {"acc": right}, row_weights(self.components, extra_info))
+        weights = row_weights(self.components, ScoreExtra.read(extra).reward_weights)
+        total = weighted(self.components, {"acc": right}, weights)
         return Score(total, right, answer, answer in ("urgent", "routine"))
 
     def policy_factory(self, agent, bank, seed):
