@@ -18,7 +18,7 @@ import io
 import os
 import tempfile
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -240,7 +240,3 @@ def summarise(played: list[Played], parsed: dict[str, tuple[int, int, int, int]]
         s.calls_ok += sum(c["status"] == "ok" for c in calls)
         s.infra_errors += sum(bool(c["infra_error"]) for c in calls)
     return dict(summary)
-
-
-def as_dict(summary: dict[str, SourceSummary]) -> dict[str, dict]:
-    return {source: asdict(s) for source, s in summary.items()}

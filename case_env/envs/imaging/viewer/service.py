@@ -171,9 +171,6 @@ class Imaging:
                 with contextlib.suppress(DataError):
                     self._organ_extents(patient_id, vf.visit)
 
-    def organs_present(self, patient_id: str, visit: str) -> list[str]:
-        return sorted(self.store.volumetry(patient_id, visit))
-
     # -- positions ----------------------------------------------------------------------------------------
     def _span(
         self, patient_id: str, visits: list[str], axis: int, organ: str | None, channel: str
