@@ -58,10 +58,15 @@ def test_excludes1_keeps_codes_apart_and_a_missing_package_knows_nothing(monkeyp
 
 def test_the_index_is_read_back_from_its_cache_as_parsed(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    stale = tmp_path / "case-env" / "icd10cm-2-icd10cm-tabular.xml-1-2.json"  # a list installed before
+    stale.parent.mkdir()
+    stale.write_text("{}")
     terminology.icd10cm.cache_clear()
     try:
-        parsed = terminology.icd10cm()  # parsed, then written
-        assert list((tmp_path / "case-env").glob("icd10cm-*.json"))
+        parsed = terminology.icd10cm()  # parsed, then written, the stale index removed
+        assert [p.name for p in (tmp_path / "case-env").glob("icd10cm-*.json")] == [
+            terminology._cache_file(terminology.tabular_path()).name
+        ]
         terminology.icd10cm.cache_clear()
         again = terminology.icd10cm()  # read back
         assert again.codes == parsed.codes and again.parent == parsed.parent

@@ -211,6 +211,9 @@ def _load() -> Terminology | None:
         partial = kept.with_suffix(f".{os.getpid()}.tmp")
         partial.write_text(json.dumps(document), encoding="utf-8")
         partial.replace(kept)  # whole or not at all, whoever writes it concurrently
+        for stale in kept.parent.glob("icd10cm-*.json"):  # the index of a list reinstalled or replaced
+            if stale != kept:
+                stale.unlink(missing_ok=True)
     return terms
 
 
