@@ -325,3 +325,33 @@ def test_scripted_rollouts_through_the_tool_agent_loop_earn_full_reward(bank, se
     }
     for s in summary.values():
         assert s.reward == s.n and s.format_ok == s.n and s.infra_errors == 0 and s.tool_calls >= 2 * s.n
+
+
+def test_eval_plays_a_row_as_verls_tool_agent_loop_does(bank, server, tmp_path, monkeypatch):
+    """`case-env eval`'s loop and verl's ToolAgentLoop, the same scripted agent on the same rows: the same
+    calls run, in the same order with the same arguments, and the reward and each of its components agree."""
+    from case_env.core.calls import FIELD
+    from case_env.core.trajectory import FILENAME, read
+    from case_env.eval.runner import run_eval
+    from case_env.verl.rollouts import load_rows, load_tools, play_rows
+
+    monkeypatch.setenv("CASE_ENV_URL", server.url)
+    parquet = bank / "test.parquet"
+    items = load_rows(parquet, 2)
+    played = asyncio.run(play_rows(items, load_tools("imaging"), 4))  # the environment's loop agent
+    run_eval(parquet, server.url, "vision", tmp_path, concurrency=3, progress=False)
+    evaluated = {r["question_id"]: r for r in read(tmp_path / FILENAME)}
+    assert len(played) == 6 and len(evaluated) >= 6
+    for row in played:
+        record = evaluated[f"test-{row.item['extra_info']['question_idx']:05d}"]
+        asked = [
+            (call["function"]["name"], json.loads(call["function"]["arguments"]))
+            for message in record["messages"]
+            for call in message.get("tool_calls") or []
+        ]
+        ran = [(c["tool"], c["arguments"]) for c in row.output.extra_fields[FIELD]]
+        assert asked == ran and len(ran) >= 2
+        verl = row.score["reward_extra_info"]
+        assert row.score["reward_score"] == record["score"]["score"]
+        for key in ("acc", "pred", "format_ok", "rubric", *rubric.KEYS):
+            assert verl[key] == record["score"][key], key
