@@ -35,12 +35,12 @@ fi
 
 # 3. GRPO from the SFT checkpoint on the train split, continued from its last checkpoint when there is one
 # (TRAIN_LAYERS=6 CHECKPOINTING=no: the cheapest step on a CPU, docs/models.md)
-resume=(); compgen -G "$out/grpo/checkpoint-*" > /dev/null && resume=(--resume)
-[ "${CHECKPOINTING:-yes}" = no ] && resume+=(--no-gradient-checkpointing)
+grpo_flags=(); compgen -G "$out/grpo/checkpoint-*" > /dev/null && grpo_flags+=(--resume)
+[ "${CHECKPOINTING:-yes}" = no ] && grpo_flags+=(--no-gradient-checkpointing)
 "$bin/case-env" train trl grpo --model "$out/sft/final" --bank "$bank/train.parquet" --out "$out/grpo" \
     --server-url "$url" --steps "${STEPS:-20}" --prompts "${PROMPTS:-2}" --generations "${GENERATIONS:-4}" \
     --max-completion "${COMPLETION:-384}" --lr "${LR:-2e-5}" --seed "$seed" --save-steps "${SAVE_STEPS:-5}" \
-    --train-layers "${TRAIN_LAYERS:-0}" "${resume[@]}"
+    --train-layers "${TRAIN_LAYERS:-0}" "${grpo_flags[@]}"
 
 # 4. the three checkpoints on the held-out rows, the same command for each
 for stage in base sft rl; do

@@ -125,9 +125,8 @@ async def casereason_score(
     final, tagged = extract_answer(text, settings.extraction)
     trace = "\n".join(_THINK.findall(model_text(text)))
     client = client if client is not None else asked_judge()
-    attempts = attempts_of(executed_calls(text, extra.case_env_tool_calls, registry.tool_parameters), final)[
-        :k
-    ]
+    calls = executed_calls(text, extra.case_env_tool_calls, registry.tool_parameters)
+    attempts = attempts_of(calls, final)[:k]
     # the attempts in turn (the next is judged after a "no"), beside the recall's questions
     (first, how), recall = await asyncio.gather(
         first_correct(attempts, str(ground_truth), client),

@@ -5,8 +5,9 @@ profiles, chosen per bank (`extra_info.clinic.reward.profile`):
   `config/rl_config.yaml`; docs/sources.md, MedExAgent), `score = 1.0 · dx + 0.5 · tool_match − 0.1 · cost −
   0.0 · format` (`medexagent_reward`): its weights are the components' defaults (`COMPONENTS`), which a row's
   `extra_info.reward_weights` may change, `exam_score` being `tool_match` under this profile. Every exam the
-  model called counts as called, refused or not, as its executor records them: the calls that reached the server (verl's `tool_extra_fields`) and those read from
-  the model's text that never did (a tool the row does not offer; a second call in a turn).
+  model called counts as called, refused or not, as its executor records them: the calls that reached the
+  server (verl's `tool_extra_fields`) and those read from the model's text that never did (a tool the row
+  does not offer; a second call in a turn).
 - **`strict`** (ours): an exam counts only if it ran, wrong parameters earn half, and every order costs
   (cost + discomfort) / 6, a work-up exam discounted 75 % the first time: under MedExAgent's rule a work-up
   exam is free however often it is repeated, and any other costs at most 0.1.
