@@ -81,7 +81,7 @@ def scorer(
     text = capped(solution_str)
 
     async def scored() -> dict[str, Any]:
-        return {**(await env.score(text, ground_truth, extra)).flat(), **failures(env, text, extra)}
+        return {**(await env.score(text, ground_truth, extra)).flat(), **failures(text, extra)}
 
     return env, scored
 
@@ -89,7 +89,7 @@ def scorer(
 FAILURE_KEYS = ("infra_error", "calls_dropped")  # every environment's reward has them
 
 
-def failures(env: Environment, text: str, extra: ScoreExtra) -> dict[str, float]:
+def failures(text: str, extra: ScoreExtra) -> dict[str, float]:
     """What went wrong for the infrastructure, as numbers verl logs each step: calls the service failed
     (`infra_error`) and calls the model wrote that never ran (`calls_dropped`: past a turn's limit, say)."""
     ran = extra.case_env_tool_calls

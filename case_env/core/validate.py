@@ -100,6 +100,13 @@ def _check_row(row: dict, tool_names: set[str]) -> list[str]:
         problems.append(
             f"extra_info.ground_truth {extra['ground_truth']!r} differs from reward_model {truth!r}"
         )
+    return [*problems, *_check_tools_kwargs(extra, tool_names)]
+
+
+def _check_tools_kwargs(extra: dict, tool_names: set[str]) -> list[str]:
+    """`tools_kwargs` and `tool_selection`: every tool listed, each with the row's patient; the selection
+    among them."""
+    problems = []
     kwargs = extra.get("tools_kwargs")
     if "tools_kwargs" in extra:
         if not isinstance(kwargs, dict) or not kwargs:

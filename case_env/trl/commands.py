@@ -4,7 +4,9 @@ nothing heavy until a command runs."""
 from __future__ import annotations
 
 import os
+from dataclasses import fields
 from pathlib import Path
+from typing import NoReturn
 
 import typer
 
@@ -18,7 +20,7 @@ trl_app = typer.Typer(
 model_app = typer.Typer(help="Language models on this machine (needs the model extra).", no_args_is_help=True)
 
 
-def _refuse(message: str) -> None:
+def _refuse(message: str) -> NoReturn:
     raise CommandError(message, 2)
 
 
@@ -79,6 +81,26 @@ def sft(
     typer.echo(f"wrote {final} ({out / 'curve.png'}, {out / 'log.jsonl'})")
 
 
+def _checked_weights(bank: Path, server_url: str, limit: int | None, reward_weights: str) -> dict[str, float]:
+    """GRPO's cheap checks, before a model loads: the bank, the server, the rows and the weights' names."""
+    from case_env.server.control import reachable
+    from case_env.trl.data import grpo_rows
+
+    if not bank.is_file():
+        _refuse(f"{bank} is not a bank parquet file (e.g. data/bank/train.parquet)")
+    if not reachable(server_url):
+        _refuse(f"no case-env server answers at {server_url}: start one with `case-env serve`")
+    try:
+        weights = parse_weights(reward_weights)
+    except ValueError as exc:
+        _refuse(f"--reward-weights {exc}")
+    try:
+        grpo_rows(bank, limit, weights)
+    except ValueError as exc:
+        _refuse(str(exc))
+    return weights
+
+
 @trl_app.command("grpo")
 def grpo(
     model: str = typer.Option(..., "--model", help="A Hugging Face model directory or id, or smollm2."),
@@ -92,7 +114,7 @@ def grpo(
     generations: int = typer.Option(
         4, "--generations", min=2, help="Rollouts per row (GRPO's group) [default: 4]."
     ),
-    max_completion: int = typer.Option(
+    max_completion_length: int = typer.Option(
         512, "--max-completion", min=16, help="Tokens of a rollout, tool turns included [default: 512]."
     ),
     max_tool_calls: int = typer.Option(
@@ -135,46 +157,13 @@ def grpo(
 ) -> None:
     """GRPO with TRL's environment_factory: each rollout's tools call the case-env server within the row's case,
     its reward is case-env's reward for the row (CASE's second stage)."""
-    from case_env.server.control import reachable
     from case_env.trl.train import GRPORun, run_grpo
 
     _quiet_hub()
-    if not bank.is_file():
-        _refuse(f"{bank} is not a bank parquet file (e.g. data/bank/train.parquet)")
-    if not reachable(server_url):
-        _refuse(f"no case-env server answers at {server_url}: start one with `case-env serve`")
-    from case_env.trl.data import grpo_rows
-
-    try:
-        weights = parse_weights(reward_weights)
-    except ValueError as exc:
-        _refuse(f"--reward-weights {exc}")
-    try:  # the bank's rows and the weights' names, before a model loads
-        grpo_rows(bank, limit, weights)
-    except ValueError as exc:
-        _refuse(str(exc))
-    run = GRPORun(  # by name: the options and the run's fields are not in the same order
-        model=model_dir(model),  # after the cheap checks: preparing a known model takes a while
-        bank=bank,
-        out=out,
-        server_url=server_url,
-        steps=steps,
-        prompts_per_step=prompts_per_step,
-        generations=generations,
-        max_completion_length=max_completion,
-        max_tool_calls=max_tool_calls,
-        learning_rate=learning_rate,
-        temperature=temperature,
-        beta=beta,
-        limit=limit,
-        save_steps=save_steps,
-        seed=seed,
-        use_vllm=use_vllm,
-        lora_rank=lora_rank,
-        train_layers=train_layers,
-        resume=resume,
-        gradient_checkpointing=gradient_checkpointing,
-        reward_weights=weights,
-    )
+    weights = _checked_weights(bank, server_url, limit, reward_weights)
+    options = locals()  # every option but these two is the run's field of the same name
+    given = {f.name: options[f.name] for f in fields(GRPORun) if f.name not in ("model", "reward_weights")}
+    # the model after the cheap checks: preparing a known model takes a while
+    run = GRPORun(model=model_dir(model), reward_weights=weights, **given)
     final = run_grpo(run)
     typer.echo(f"wrote {final} ({out / 'curve.png'}, {out / 'log.jsonl'})")

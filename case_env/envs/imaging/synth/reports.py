@@ -114,6 +114,19 @@ def _lesion_entry(les: LesionSpec) -> dict:
     }
 
 
+def _incidental(now: dict[str, OrganMeasure], lesions: list[dict]) -> list[str]:
+    """The report's incidental findings: the organs it does not measure, and the lesions marked incidental."""
+    incidental = []
+    if "gallbladder" in now:
+        incidental.append(
+            f"Gallbladder unremarkable ({now['gallbladder'].volume_ml:.0f} mL), no wall thickening."
+        )
+    if "bladder" in now:
+        incidental.append(f"Urinary bladder partially filled ({now['bladder'].volume_ml:.0f} mL).")
+    incidental.append("Lung bases clear; no pleural effusion.")
+    return incidental + [entry["description"] for entry in lesions if entry["incidental"]]
+
+
 def build_report(
     plan: PatientPlan,
     visit_index: int,
@@ -158,16 +171,7 @@ def build_report(
         )
 
     lesions = [_lesion_entry(les) for les in state.lesions]
-    incidental = []
-    if "gallbladder" in now:
-        incidental.append(
-            f"Gallbladder unremarkable ({now['gallbladder'].volume_ml:.0f} mL), no wall thickening."
-        )
-    if "bladder" in now:
-        incidental.append(f"Urinary bladder partially filled ({now['bladder'].volume_ml:.0f} mL).")
-    incidental.append("Lung bases clear; no pleural effusion.")
-    incidental += [entry["description"] for entry in lesions if entry["incidental"]]
-
+    incidental = _incidental(now, lesions)
     quality = "Diagnostic; no significant artefact."
     if state.fat_water_swap_station:
         s = state.fat_water_swap_station

@@ -122,18 +122,13 @@ def _cast(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return np.clip(np.rint(values), info.min, info.max).astype(dtype)
 
 
-def stitch(stations: list[Station], order: int = 1, slice_mm: float | None = None) -> Stitched:
-    """One volume from the stations of one channel (order 1 for images, 0 for label maps)."""
-    _check(stations)
+def _in_plane(stations: list[Station]) -> tuple[np.ndarray, np.ndarray, list[tuple[int, int]]]:
+    """In plane, the union of the fields of view: each station's position along the rows and columns (mm)
+    and its offset in whole pixels, which must fall on the first station's pixel grid."""
     first = stations[0]
-    row_dir, col_dir, normal = first.row_dir, first.col_dir, first.normal
     col_mm, row_mm = first.spacing
-    by_position = sorted(range(len(stations)), key=lambda i: stations[i].along()[0])
-    step = slice_mm or min(s.step() for s in stations)
-
-    # in plane: the union of the fields of view
-    u = np.array([float(s.positions[0] @ row_dir) for s in stations])
-    v = np.array([float(s.positions[0] @ col_dir) for s in stations])
+    u = np.array([float(s.positions[0] @ first.row_dir) for s in stations])
+    v = np.array([float(s.positions[0] @ first.col_dir) for s in stations])
     shifts = []
     for s, du, dv in zip(stations, (u - u.min()) / col_mm, (v - v.min()) / row_mm, strict=True):
         if abs(du - round(du)) > GRID_TOLERANCE or abs(dv - round(dv)) > GRID_TOLERANCE:
@@ -141,21 +136,22 @@ def stitch(stations: list[Station], order: int = 1, slice_mm: float | None = Non
                 f"{s.label}: its in-plane offset ({du:.2f}, {dv:.2f} pixels) is off the pixel grid"
             )
         shifts.append((round(du), round(dv)))
-    columns = max(dc + s.data.shape[0] for s, (dc, _) in zip(stations, shifts, strict=True))
-    rows = max(dr + s.data.shape[1] for s, (_, dr) in zip(stations, shifts, strict=True))
+    return u, v, shifts
 
-    # along the normal: one grid from the lowest slice to the highest
+
+def _along_normal(stations: list[Station], step: float) -> tuple[np.ndarray, list[np.ndarray], np.ndarray]:
+    """Along the normal, one grid from the lowest slice to the highest: the slices each station covers (in
+    input order) and each station's blending weight per slice, a sigmoid across each overlap."""
     w_min = min(s.along()[0] for s in stations)
     w_max = max(s.along()[-1] for s in stations)
     n = round((w_max - w_min) / step) + 1
     grid = w_min + step * np.arange(n)
     eps = 1e-3 * step
-    covered = [
-        (grid >= s.along()[0] - eps) & (grid <= s.along()[-1] + eps) for s in stations
-    ]  # per station, in input order
+    covered = [(grid >= s.along()[0] - eps) & (grid <= s.along()[-1] + eps) for s in stations]
     weights = np.zeros((len(stations), n))
     for i in range(len(stations)):
         weights[i, covered[i]] = 1.0
+    by_position = sorted(range(len(stations)), key=lambda i: stations[i].along()[0])
     for a, b in itertools.pairwise(by_position):
         both = np.nonzero(covered[a] & covered[b])[0]
         if len(both):
@@ -166,6 +162,21 @@ def stitch(stations: list[Station], order: int = 1, slice_mm: float | None = Non
     if (weights.sum(axis=0) == 0).any():
         gap = grid[weights.sum(axis=0) == 0]
         raise GeometryError(f"no station covers {gap[0]:.1f}-{gap[-1]:.1f} mm along the slice normal")
+    return grid, covered, weights
+
+
+def stitch(stations: list[Station], order: int = 1, slice_mm: float | None = None) -> Stitched:
+    """One volume from the stations of one channel (order 1 for images, 0 for label maps)."""
+    _check(stations)
+    first = stations[0]
+    row_dir, col_dir, normal = first.row_dir, first.col_dir, first.normal
+    col_mm, row_mm = first.spacing
+    step = slice_mm or min(s.step() for s in stations)
+    u, v, shifts = _in_plane(stations)
+    columns = max(dc + s.data.shape[0] for s, (dc, _) in zip(stations, shifts, strict=True))
+    rows = max(dr + s.data.shape[1] for s, (_, dr) in zip(stations, shifts, strict=True))
+    grid, covered, weights = _along_normal(stations, step)
+    n, w_min = len(grid), grid[0]
 
     # Slices one station covers are copied; only the overlaps are blended, in float32, with the weights
     # renormalised where a station's in-plane field of view is the smaller one.
