@@ -57,6 +57,18 @@ def _imports(folder: Path) -> set[str]:
     return found
 
 
+def test_no_function_is_longer_than_80_lines():
+    """A function reads in one sitting: past 80 lines (its signature counted), split it where it changes
+    subject."""
+    long = [
+        f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno >= 80
+    ]
+    assert not long, long
+
+
 @pytest.mark.parametrize("layer", ["server", "verl", "eval", "bench", "lm", "trl"])
 def test_generic_layers_import_no_environment(layer):
     imported = _imports(PACKAGE / layer) | _imports(PACKAGE / "core")
