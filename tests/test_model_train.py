@@ -118,6 +118,18 @@ def test_grpo_refuses_reward_weights_its_rows_reward_lacks_before_a_model_loads(
     )
 
 
+def test_every_grpo_option_is_the_runs_field_of_its_name():
+    """`train trl grpo` hands its options to the run by name: an option whose name no field has would be
+    dropped, a field no option names would fail at run time. The two sets must be equal."""
+    import dataclasses
+    import inspect
+
+    from case_env.trl import commands
+
+    options = set(inspect.signature(commands.grpo).parameters)
+    assert options == {f.name for f in dataclasses.fields(GRPORun)}
+
+
 def test_grpo_options_reach_the_run_by_name(world, tmp_path, monkeypatch):
     """Every option of `train trl grpo` lands in the run's field of its name (they once went by position, and
     --resume, --train-layers and --gradient-checkpointing swapped places)."""
